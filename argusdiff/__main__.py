@@ -1,0 +1,5 @@
+import sys
+
+from argusdiff.cli import main
+
+sys.exit(main())

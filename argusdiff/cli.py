@@ -1,0 +1,74 @@
+"""The ``argusdiff`` command line.
+
+Subcommands live in :mod:`argusdiff.commands`, one module each, imported only when that
+subcommand is chosen, so ``argusdiff --help`` and ``argusdiff <cmd> --help`` never import torch,
+diffusers, timm or open_clip. Each command module provides ``add_arguments(parser)`` and
+``run(args) -> int``.
+
+Exit codes: 0 success, 1 failure while running, 2 bad usage or bad input (the message names the
+option, file or field).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from argusdiff import __version__
+from argusdiff.errors import ArgusdiffError
+
+# name -> (module under argusdiff.commands, one-line help). Order is the order in --help.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "profiles": ("profiles", "list the shipped deployment profiles"),
+    "profile": ("profiles", "show one profile's levels (argusdiff profile show NAME)"),
+}
+
+
+def _module(name: str):
+    return importlib.import_module(f"argusdiff.commands.{COMMANDS[name][0]}")
+
+
+def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
+    """The top-level parser; only the ``selected`` subcommand's module is imported."""
+    parser = argparse.ArgumentParser(
+        prog="argusdiff",
+        description=(
+            "Quality-aware router for text-to-image serving: routes each prompt to the cheapest "
+            "approximation level (cached latents, smaller models, cascades) that keeps its quality "
+            "while the cluster meets its latency SLO."
+        ),
+    )
+    parser.add_argument("--version", action="version", version=f"argusdiff {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_, help_text) in COMMANDS.items():
+        sp = sub.add_parser(name, help=help_text, description=help_text)
+        if name == selected:
+            _module(name).add_arguments(sp, name)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    selected = next((a for a in args_list if not a.startswith("-")), None)
+    parser = build_parser(selected if selected in COMMANDS else None)
+    args = parser.parse_args(args_list)
+    if not args.command:
+        parser.print_help()
+        return 2
+    run = getattr(args, "run", None)
+    if run is None:  # a command whose module did not register a runner
+        parser.error(f"{args.command}: missing subcommand")
+    try:
+        return int(run(args) or 0)
+    except ArgusdiffError as exc:
+        print(f"argusdiff {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,294 @@
+"""Plain shared types of argusdiff: levels, profiles, requests, plans.
+
+This is the one module the subsystem packages (``solver``, ``cache``, ``workers``,
+``classifiers``, ``traces``) may import from ``argusdiff``. It depends on the standard
+library only, so importing it is cheap and can never form a cycle.
+
+Conventions (ARGUS §4): approximation levels are ordered **slowest/best first**
+(index 0 is v1, the full-quality level; the last index is the fastest level).
+Times are seconds, rates are queries per minute (QPM) unless a name says otherwise.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+__all__ = [
+    "ApproxLevel",
+    "Assignment",
+    "CascadeSpec",
+    "ClusterStats",
+    "Plan",
+    "Profile",
+    "Request",
+    "Strategy",
+    "Tier",
+]
+
+
+class Strategy(enum.StrEnum):
+    """How a level approximates the best level."""
+
+    AC = "ac"  # approximate caching: resume from a cached latent, skip K of N steps
+    SM = "sm"  # smaller (or distilled) model
+    CASCADE = "cascade"  # light model judged by a discriminator, heavy model on deferral
+
+    def __str__(self) -> str:  # pragma: no cover - trivial
+        return self.value
+
+
+class Tier(enum.StrEnum):
+    """Per-request service tiers (after Nitsum): they set the default SLO multiplier."""
+
+    INTERACTIVE = "interactive"
+    STANDARD = "standard"
+    BATCH = "batch"
+
+
+@dataclass(frozen=True, slots=True)
+class ApproxLevel:
+    """One approximation level v_i of a deployment (ARGUS §4.2).
+
+    ``latency_s`` maps a batch size to the profiled execution time of one batch (seconds).
+    ``quality`` is the profiled mean quality relative to the deployment's best level (0..1].
+    """
+
+    id: str
+    strategy: Strategy
+    model: str
+    steps: int
+    skip: int
+    latency_s: Mapping[int, float]
+    quality: float
+    load_time_s: float
+    peak_qpm_override: float | None = None
+    description: str = ""
+
+    @property
+    def batch_sizes(self) -> tuple[int, ...]:
+        return tuple(sorted(self.latency_s))
+
+    def latency(self, batch: int = 1) -> float:
+        """Profiled execution time of one batch of ``batch`` requests (seconds).
+
+        Batch sizes between profiled points are interpolated linearly; above the largest
+        profiled size the time grows linearly from the largest profiled point.
+        """
+        if batch < 1:
+            raise ValueError(f"batch size must be >= 1, got {batch}")
+        if batch in self.latency_s:
+            return self.latency_s[batch]
+        sizes = self.batch_sizes
+        if batch > sizes[-1]:
+            return self.latency_s[sizes[-1]] * batch / sizes[-1]
+        if batch < sizes[0]:
+            return self.latency_s[sizes[0]] * batch / sizes[0]
+        hi = next(s for s in sizes if s > batch)
+        lo = max(s for s in sizes if s < batch)
+        w = (batch - lo) / (hi - lo)
+        return self.latency_s[lo] * (1 - w) + self.latency_s[hi] * w
+
+    def throughput_qpm(self, batch: int = 1) -> float:
+        """Throughput of one worker at ``batch`` (queries per minute)."""
+        return 60.0 * batch / self.latency(batch)
+
+    @property
+    def peak_qpm(self) -> float:
+        """P_th(v): peak throughput of one worker (QPM) at batch size 1, as ARGUS serves.
+
+        A profile may override it (e.g. a measured figure that includes overheads).
+        """
+        if self.peak_qpm_override is not None:
+            return self.peak_qpm_override
+        return self.throughput_qpm(1)
+
+    @property
+    def remaining_steps(self) -> int:
+        """Denoising steps actually run (N - K)."""
+        return self.steps - self.skip
+
+
+@dataclass(frozen=True, slots=True)
+class CascadeSpec:
+    """A light→heavy cascade (DiffServe §3): the light level's image is returned when the
+    discriminator's confidence is at least the threshold t, else the heavy level redoes it.
+
+    ``thresholds`` and ``deferral`` are the profiled f(t) table: the share of queries
+    deferred to the heavy level at each threshold (non-decreasing in t).
+    """
+
+    light: str
+    heavy: str
+    discriminator_latency_s: float
+    thresholds: tuple[float, ...]
+    deferral: tuple[float, ...]
+    # Optional quality of the served mix at each threshold (relative to the heavy level).
+    quality: tuple[float, ...] | None = None
+
+    def f(self, t: float) -> float:
+        """Deferral fraction f(t), linearly interpolated on the profiled grid."""
+        ts, fs = self.thresholds, self.deferral
+        if t <= ts[0]:
+            return fs[0]
+        if t >= ts[-1]:
+            return fs[-1]
+        lo, hi = 0, len(ts) - 1
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if ts[mid] <= t:
+                lo = mid
+            else:
+                hi = mid
+        w = (t - ts[lo]) / (ts[hi] - ts[lo])
+        return fs[lo] * (1 - w) + fs[hi] * w
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """The levels of one deployment on one GPU kind, slowest/best first."""
+
+    name: str
+    gpu: str
+    levels: tuple[ApproxLevel, ...]
+    description: str = ""
+    cascade: CascadeSpec | None = None
+    source: str = ""  # file the profile was loaded from
+    slo_s: float | None = None  # the deployment's default SLO; None: 3 × the slowest level
+
+    def __post_init__(self) -> None:
+        if not self.levels:
+            raise ValueError(f"profile {self.name!r} has no levels")
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        return tuple(level.id for level in self.levels)
+
+    def index(self, level_id: str) -> int:
+        for i, level in enumerate(self.levels):
+            if level.id == level_id:
+                return i
+        raise KeyError(f"profile {self.name!r} has no level {level_id!r}; levels: {', '.join(self.ids)}")
+
+    def level(self, level_id: str) -> ApproxLevel:
+        return self.levels[self.index(level_id)]
+
+    @property
+    def best(self) -> ApproxLevel:
+        return self.levels[0]
+
+    @property
+    def fastest(self) -> ApproxLevel:
+        return self.levels[-1]
+
+    @property
+    def strategies(self) -> frozenset[Strategy]:
+        return frozenset(level.strategy for level in self.levels)
+
+    def default_slo_s(self, factor: float = 3.0) -> float:
+        """The profile's ``slo_s`` when set, else ARGUS §5: 3 × the slowest level's latency."""
+        if self.slo_s is not None:
+            return self.slo_s
+        return factor * max(level.latency(1) for level in self.levels)
+
+    def qualities(self) -> tuple[float, ...]:
+        return tuple(level.quality for level in self.levels)
+
+    def peak_qpms(self) -> tuple[float, ...]:
+        return tuple(level.peak_qpm for level in self.levels)
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One text-to-image request as the router sees it."""
+
+    id: str
+    prompt: str
+    arrival_s: float
+    prompt_idx: int | None = None
+    slo_s: float | None = None  # per-request deadline relative to arrival (None: the deployment's SLO)
+    tier: Tier = Tier.STANDARD
+    min_quality_level: str | None = None  # slowest acceptable level id is not constrained when None
+    seed: int | None = None
+
+    def deadline_s(self, default_slo_s: float) -> float:
+        return self.arrival_s + (self.slo_s if self.slo_s is not None else default_slo_s)
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """The data path's decision for one request."""
+
+    level: str | None  # level id that serves it (None when dropped)
+    worker: str | None = None  # worker id chosen by the worker selector, when the policy picks one
+    optimal_level: str | None = None  # the classifier's predicted optimal level
+    dropped: bool = False
+    best_effort: bool = False  # admitted although predicted to miss its deadline
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterStats:
+    """What the control path observes at the start of a period; input to ``Policy.plan``."""
+
+    now_s: float
+    period_s: float
+    arrivals: int  # requests that arrived during the last period
+    workers: tuple[str, ...]  # ids of workers that are up
+    queue_lengths: Mapping[str, int] = field(default_factory=dict)  # per worker id
+    current: Mapping[str, str | None] = field(default_factory=dict)  # worker id -> level id it runs
+    loading: Mapping[str, str] = field(default_factory=dict)  # worker id -> level id it is loading
+    affinity: Mapping[str, int] = field(default_factory=dict)  # H counts: optimal level id -> prompts
+    cache_latency_s: float | None = None  # recent median cache retrieval latency
+    cache_error_rate: float = 0.0  # recent share of failed cache lookups
+    level_queue: Mapping[str, int] = field(default_factory=dict)  # per level queued requests
+    level_arrivals: Mapping[str, int] = field(default_factory=dict)  # per level arrivals last period
+
+    @property
+    def arrival_qpm(self) -> float:
+        return self.arrivals * 60.0 / self.period_s if self.period_s > 0 else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The control path's decision for one period (published to router and workers).
+
+    ``pasm[i][j]`` is P(v'_j | v_i): the probability that a prompt whose optimal level is
+    ``levels[i]`` is served at ``levels[j]`` (ARGUS §4.3). Every row sums to 1.
+    """
+
+    version: int
+    created_s: float
+    strategy: Strategy
+    levels: tuple[str, ...]
+    assignment: Mapping[str, str | None]  # worker id -> level id (None: idle)
+    share: tuple[float, ...]  # F(v): share of the predicted load each level serves
+    pasm: tuple[tuple[float, ...], ...]
+    predicted_qpm: float
+    expected_quality: float
+    saturated: bool = False
+    shortfall_qpm: float = 0.0
+    moved_workers: int = 0
+    thresholds: Mapping[str, float] = field(default_factory=dict)  # cascade light level -> t
+    batch_sizes: Mapping[str, int] = field(default_factory=dict)  # level id -> batch size
+    margin: float = 1.0  # extra capacity factor in force (e.g. 1.5 during an AC→SM switch)
+    policy: str = ""
+    notes: tuple[str, ...] = ()
+
+    def workers_at(self, level_id: str) -> tuple[str, ...]:
+        return tuple(w for w, lv in self.assignment.items() if lv == level_id)
+
+    def counts(self) -> tuple[int, ...]:
+        """Workers per level, in ``levels`` order."""
+        return tuple(sum(1 for lv in self.assignment.values() if lv == level) for level in self.levels)
+
+    def validate(self) -> None:
+        n = len(self.levels)
+        if len(self.share) != n or len(self.pasm) != n or any(len(row) != n for row in self.pasm):
+            raise ValueError("plan shapes do not match its levels")
+        for i, row in enumerate(self.pasm):
+            total = math.fsum(row)
+            if any(p < -1e-9 for p in row) or abs(total - 1.0) > 1e-6:
+                raise ValueError(f"PASM row {self.levels[i]!r} is not a probability distribution: {row}")

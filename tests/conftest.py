@@ -1,0 +1,18 @@
+"""Shared test fixtures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = ROOT.parent / "shared"
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    """``../shared`` beside the checkout (third-party data); tests using it skip without it."""
+    if not (SHARED / "data").is_dir():
+        pytest.skip("../shared/data is not beside this checkout (third-party data is not vendored)")
+    return SHARED

@@ -1,0 +1,1 @@
+"""Request traces (readers and generators) and prompt sets."""
