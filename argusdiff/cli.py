@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -21,6 +22,17 @@ from argusdiff.errors import ArgusdiffError
 
 # name -> (module under argusdiff.commands, one-line help). Order is the order in --help.
 COMMANDS: dict[str, tuple[str, str]] = {
+    "replay": ("replay", "replay a trace through policies on a simulated cluster and compare them"),
+    "plan": ("plan", "solve one allocation (ILP) and PASM for a profile, cluster size and load"),
+    "serve": ("serve", "run the REST endpoint, router and control loop (embedded workers by default)"),
+    "worker": ("worker", "run one worker that takes work from Redis Streams"),
+    "generate": ("generate", "generate one image locally at a given level"),
+    "cache": ("cache", "inspect, fill or clear the latent cache"),
+    "trace": ("trace", "list, show, generate or convert arrival traces"),
+    "prompts": ("prompts", "list or show prompt sets"),
+    "quality": ("quality", "build, calibrate or inspect a QualityTable"),
+    "train-classifier": ("train_classifier", "train the prompt -> level classifier from a quality table"),
+    "train-discriminator": ("train_discriminator", "train the cascade discriminator; reports ROC-AUC and f(t)"),
     "profiles": ("profiles", "list the shipped deployment profiles"),
     "profile": ("profiles", "show one profile's levels (argusdiff profile show NAME)"),
 }
@@ -62,6 +74,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"{args.command}: missing subcommand")
     try:
         return int(run(args) or 0)
+    except BrokenPipeError:  # e.g. `argusdiff ... | head`: not an error of ours
+        try:
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keep interpreter shutdown quiet
+        except OSError:
+            pass
+        return 0
     except ArgusdiffError as exc:
         print(f"argusdiff {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -46,12 +46,45 @@ class PredictorConfig(_Section):
     affinity_window: int = Field(1000, ge=1, description="classified prompts in the affinity histogram H")
 
 
+# --- One section per subsystem. Each subsystem edits only its own class below. -----------------
+
+
+class TracesConfig(_Section):
+    """Arrival traces, prompt sets, quality tables and the prompt encoder (``[traces]``)."""
+
+
+class CacheConfig(_Section):
+    """The latent cache: index, blob store, similarity thresholds (``[cache]``)."""
+
+
+class WorkersConfig(_Section):
+    """Diffusers workers: device, dtype, model registry overrides (``[workers]``)."""
+
+
+class ClassifierConfig(_Section):
+    """Prompt-level classifier, discriminator and scorers (``[classifier]``)."""
+
+
+class ReplayConfig(_Section):
+    """Trace replay on the simulator (``[replay]``)."""
+
+
+class ServiceConfig(_Section):
+    """REST endpoint, router, control loop and Redis distribution (``[service]``)."""
+
+
 class Settings(_Section):
     """The whole configuration."""
 
     profile: str = "sdxl-ac-a100"
     solver: SolverConfig = SolverConfig()
     predictor: PredictorConfig = PredictorConfig()
+    traces: TracesConfig = TracesConfig()
+    cache: CacheConfig = CacheConfig()
+    workers: WorkersConfig = WorkersConfig()
+    classifier: ClassifierConfig = ClassifierConfig()
+    replay: ReplayConfig = ReplayConfig()
+    service: ServiceConfig = ServiceConfig()
 
 
 def _parse_env_value(raw: str) -> Any:
@@ -67,6 +100,9 @@ def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
         if not key.startswith(ENV_PREFIX):
             continue
         path = key[len(ENV_PREFIX) :].lower().split("__")
+        if path[0] not in Settings.model_fields:
+            # Not a settings variable (e.g. ARGUSDIFF_TEST_S3 for the test suite): ignore it.
+            continue
         node = out
         for part in path[:-1]:
             node = node.setdefault(part, {})

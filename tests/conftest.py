@@ -1,10 +1,12 @@
-"""Shared test fixtures."""
+"""Shared test fixtures. Area fixtures live in ``tests/fixtures_*.py`` plugin modules."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+
+pytest_plugins = ["fixtures_cache", "fixtures_workers", "fixtures_service"]
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
