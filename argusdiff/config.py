@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from argusdiff.errors import ConfigError
 
@@ -56,9 +56,68 @@ class TracesConfig(_Section):
 class CacheConfig(_Section):
     """The latent cache: index, blob store, similarity thresholds (``[cache]``)."""
 
+    enabled: bool = Field(True, description="serve approximate-caching levels from the latent cache")
+    path: str = Field(
+        "~/.cache/argusdiff/latent-cache",
+        description="root folder of the embedded index (index/) and of the local blob store (blobs/)",
+    )
+    index: Literal["hnsw", "qdrant"] = Field(
+        "hnsw", description="hnsw: in-process HNSW over a SQLite payload table; qdrant: Qdrant (embedded or url)"
+    )
+    qdrant_url: str | None = Field(None, description="Qdrant server URL; unset = embedded QdrantClient(path=...)")
+    qdrant_collection: str = Field("argusdiff_latents", pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    qdrant_api_key: str | None = None
+    embedding_dim: int = Field(384, ge=2, le=8192, description="prompt embedding size (MiniLM: 384)")
+    hnsw_m: int = Field(16, ge=2, le=128, description="HNSW graph degree M")
+    hnsw_ef_construction: int = Field(200, ge=8, le=4096, description="HNSW build breadth")
+    hnsw_ef_search: int = Field(64, ge=1, le=4096, description="HNSW search breadth (recall vs latency)")
+    store: Literal["local", "s3"] = Field("local", description="where latent blobs live")
+    s3_bucket: str | None = Field(None, pattern=r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+    s3_prefix: str = Field("latents/", pattern=r"^[A-Za-z0-9_/-][A-Za-z0-9._/-]{0,199}$|^$")
+    s3_endpoint_url: str | None = Field(None, description="non-AWS S3 endpoint (path-style addressing is used)")
+    s3_region: str | None = None
+    thresholds: tuple[tuple[float, int], ...] = Field(
+        ((0.95, 25), (0.90, 20), (0.85, 15), (0.75, 10), (0.65, 5)),
+        description="[similarity, K] pairs, most similar first: similarity > threshold may skip K steps (NIRVANA)",
+    )
+    byte_budget_mb: float | None = Field(None, gt=0, description="blob MiB kept before LCBFU eviction; unset: no limit")
+    max_latents: int | None = Field(None, ge=1, description="latents kept before LCBFU eviction; unset: no limit")
+    timeout_s: float | None = Field(
+        1.0, gt=0, description="index/store call timeout; exceeding it raises CacheUnavailable (router: AC -> SM)"
+    )
+
+    @field_validator("thresholds")
+    @classmethod
+    def _check_thresholds(cls, value: tuple[tuple[float, int], ...]) -> tuple[tuple[float, int], ...]:
+        from cache.policy import validate_thresholds
+
+        return validate_thresholds(value, name="thresholds")
+
+    @model_validator(mode="after")
+    def _check_store(self) -> CacheConfig:
+        if self.store == "s3" and not self.s3_bucket:
+            raise ValueError("store = 's3' needs s3_bucket")
+        return self
+
 
 class WorkersConfig(_Section):
     """Diffusers workers: device, dtype, model registry overrides (``[workers]``)."""
+
+    device: str = Field("auto", description="'auto' (cuda when available, else cpu), 'cpu', 'cuda', 'cuda:1', ...")
+    dtype: Literal["auto", "float16", "bfloat16", "float32"] = Field(
+        "auto", description="weights dtype; auto = float16 on GPU, float32 on CPU"
+    )
+    models_dir: str | None = Field(
+        None, description="where demo models are built (default ~/.cache/argusdiff/models or ARGUSDIFF_MODELS_DIR)"
+    )
+    max_loaded_models: int = Field(2, ge=1, description="pipelines a worker keeps loaded (LRU)")
+    batch_size: int = Field(1, ge=1, description="batch size when the plan sets none")
+    poll_s: float = Field(0.2, gt=0, description="how long a worker blocks on its queue before rechecking its plan")
+    torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads (None: torch default)")
+    models: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="model registry overrides by name, e.g. {source = '/models/sdxl'}; new names need source and family",
+    )
 
 
 class ClassifierConfig(_Section):
@@ -71,6 +130,44 @@ class ReplayConfig(_Section):
 
 class ServiceConfig(_Section):
     """REST endpoint, router, control loop and Redis distribution (``[service]``)."""
+
+    host: str = Field("127.0.0.1", description="address the REST endpoint binds")
+    port: int = Field(8000, ge=0, le=65535, description="TCP port of the REST endpoint (0: any free port)")
+    redis_url: str | None = Field(None, description="redis://... to distribute work; None: embedded in-process queues")
+    namespace: str = Field("argusdiff", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="Redis key prefix")
+    policy: str = Field("argus", min_length=1, description="routing policy name (argusdiff.policies registry)")
+    workers: int = Field(2, ge=0, le=256, description="embedded workers started by `argusdiff serve` (0: none)")
+    api_keys: tuple[str, ...] = Field((), description="accepted Bearer API keys; empty: no authentication")
+    max_body_bytes: int = Field(65536, ge=1024, description="largest accepted request body")
+    max_prompt_chars: int = Field(4000, ge=1, description="longest accepted prompt (characters)")
+    max_n: int = Field(4, ge=1, le=64, description="largest `n` (images per request)")
+    sizes: tuple[str, ...] = Field(("512x512",), min_length=1, description="image sizes the deployment serves (WxH)")
+    model_name: str = Field("argusdiff", min_length=1, description="model name clients send; the profile name works too")
+    control_period_s: float = Field(10.0, gt=0, description="control loop period: plan(), heartbeat check, publish")
+    heartbeat_s: float = Field(1.0, gt=0, description="worker heartbeat interval")
+    worker_timeout_s: float = Field(5.0, gt=0, description="a worker silent this long is dead: removed, its work re-queued")
+    request_timeout_s: float = Field(300.0, gt=0, description="longest a synchronous request waits for its images")
+    result_ttl_s: float = Field(3600.0, gt=0, description="how long results and `url` images stay retrievable")
+    retry_after_s: int = Field(2, ge=1, description="Retry-After seconds sent with 429/503")
+    tier_slo_factors: dict[str, float] = Field(
+        default_factory=lambda: {"interactive": 0.5, "standard": 1.0, "batch": 10.0},
+        description="SLO multiplier of each tier on the profile's SLO",
+    )
+    max_slo_s: float = Field(3600.0, gt=0, description="largest per-request SLO a client may ask for")
+    cache_latency_threshold_s: float = Field(
+        0.25, gt=0, description="median cache lookup latency above which approximate caching switches to SM"
+    )
+    cache_error_threshold: float = Field(0.2, ge=0, le=1, description="cache error share that switches AC to SM")
+    cache_window: int = Field(50, ge=1, description="recent cache lookups the health monitor looks at")
+    cache_probe_period_s: float = Field(5.0, gt=0, description="how often a degraded cache is probed")
+    switch_margin: float = Field(1.5, ge=1.0, description="capacity margin while small models load (ARGUS §4.6)")
+    classify_batch: int = Field(32, ge=1, description="largest prompt batch the classifier sees at once")
+    classify_wait_s: float = Field(0.005, ge=0, description="how long a prompt waits for its classifier batch")
+    classifier_path: str | None = Field(None, description="trained LevelClassifier directory; None: no classifier")
+    stand_in_scale: float | None = Field(
+        None, gt=0, description="TEST MODE: stand-in workers sleep the profiled latency x this scale, no models"
+    )
+    seed: int = Field(0, ge=0, description="seed of the router's random generator (PASM sampling)")
 
 
 class Settings(_Section):
