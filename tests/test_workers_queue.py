@@ -1,0 +1,73 @@
+"""WorkItem/WorkResult records and the in-process work queue (no torch)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import pytest
+
+from workers.executor import TIMING_KEYS, WorkItem, WorkResult
+from workers.queue import InProcessWorkQueue, WorkQueue
+
+
+def test_records_round_trip_through_dicts():
+    item = WorkItem("r1", "a red cube", "k2", seed=7, deadline_s=12.5, enqueue_s=10.0, meta={"tier": "batch"})
+    back = WorkItem.from_dict(item.to_dict(), receipt="x")
+    assert back == item and back.receipt == "x"
+    res = WorkResult(
+        "r1", "k2", image_png=b"\x89PNG..", timings=dict.fromkeys(TIMING_KEYS, 0.5), k_used=2, cache_hit=True
+    )
+    again = WorkResult.from_dict(res.to_dict())
+    assert again == res and again.ok and again.total_s == pytest.approx(2.5)
+
+
+def test_work_item_rejects_bad_fields():
+    with pytest.raises(ValueError, match="request_id"):
+        WorkItem("", "p", "k0")
+    with pytest.raises(ValueError, match="seed"):
+        WorkItem("r", "p", "k0", seed="7")  # type: ignore[arg-type]
+
+
+def test_failure_result_names_the_error():
+    res = WorkResult.failure(WorkItem("r", "p", "k0", seed=1), KeyError("boom"), worker_id="w0")
+    assert not res.ok and res.error_type == "KeyError" and set(res.timings) == set(TIMING_KEYS)
+
+
+def test_queue_fifo_ack_nack_and_counts():
+    q = InProcessWorkQueue()
+    assert isinstance(q, WorkQueue)
+    for i in range(3):
+        q.put("a", WorkItem(f"r{i}", "p", "a"))
+    q.put("b", WorkItem("rb", "p", "b"))
+    assert (q.qsize("a"), q.qsize("b")) == (3, 1)
+    first = q.get("a", timeout=0)
+    assert first.request_id == "r0" and first.receipt and first.enqueue_s > 0
+    assert (q.qsize("a"), q.pending("a")) == (2, 1)
+    q.nack(first)  # back to the front, attempt counted
+    assert (q.qsize("a"), q.pending("a")) == (3, 0)
+    again = q.get("a", timeout=0)
+    assert again.request_id == "r0" and again.attempt == 1
+    q.ack(again)
+    q.ack(again)  # idempotent
+    assert q.acked == 1 and q.pending("a") == 0
+    assert q.get("c", timeout=0) is None
+
+
+def test_results_are_delivered_once_across_threads():
+    q = InProcessWorkQueue()
+    got = []
+    t = threading.Thread(target=lambda: got.append(q.wait_result("r9", timeout=30)))
+    t.start()
+    q.result("r9", WorkResult("r9", "a", error="x"))
+    t.join(30)
+    assert got and got[0].request_id == "r9"
+    assert q.wait_result("r9", timeout=0) is None
+
+
+def test_importing_workers_records_does_not_import_torch():
+    import subprocess
+
+    code = "import workers.executor, workers.queue, workers.registry, sys; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

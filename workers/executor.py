@@ -1,0 +1,240 @@
+"""What a worker executes: :class:`WorkItem` in, :class:`WorkResult` out, and the per-level
+:class:`LevelExecutor` that turns one into the other.
+
+``WorkItem`` and ``WorkResult`` are plain, JSON-serialisable records (``to_dict``/``from_dict``)
+so any :class:`~workers.queue.WorkQueue` transport (in-process, Redis Streams) can carry them.
+Times named ``*_s`` on the wall clock are ``time.time()`` seconds; durations are seconds.
+
+This module imports no torch: :func:`build_executor` imports the pipeline code lazily.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:  # pragma: no cover
+    from argusdiff.domain import ApproxLevel, CascadeSpec
+    from cache.api import LatentCacheProtocol
+    from workers.registry import ModelRegistry
+
+__all__ = [
+    "TIMING_KEYS",
+    "LevelExecutor",
+    "WorkItem",
+    "WorkResult",
+    "build_executor",
+]
+
+#: Per-request timings every result reports (seconds; 0.0 when a phase did not happen).
+TIMING_KEYS = ("queue_wait_s", "cache_lookup_s", "latent_fetch_s", "denoise_s", "decode_s")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkItem:
+    """One request queued for one level.
+
+    ``cache_ref`` optionally names the cache entry (the cache's prompt id) the router already
+    matched; without it an AC worker looks the prompt up itself. ``receipt`` is the transport's
+    delivery handle (e.g. a Redis stream entry id), set by ``WorkQueue.get`` and never serialised.
+    """
+
+    request_id: str
+    prompt: str
+    level: str
+    seed: int | None = None
+    deadline_s: float | None = None  # absolute wall-clock deadline (time.time())
+    enqueue_s: float = 0.0  # wall-clock time the item was queued
+    cache_ref: str | None = None
+    attempt: int = 0  # deliveries before this one (a re-claimed item has attempt >= 1)
+    meta: Mapping[str, str] = field(default_factory=dict)  # e.g. tier, cascade hand-off origin
+    receipt: str | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.request_id, str) or not self.request_id:
+            raise ValueError("WorkItem.request_id must be a non-empty string")
+        if not isinstance(self.prompt, str):
+            raise ValueError("WorkItem.prompt must be a string")
+        if not isinstance(self.level, str) or not self.level:
+            raise ValueError("WorkItem.level must be a non-empty level id")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise ValueError(f"WorkItem.seed must be an integer or None, got {self.seed!r}")
+
+    def with_receipt(self, receipt: str | None) -> WorkItem:
+        return replace(self, receipt=receipt)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "request_id": self.request_id,
+            "prompt": self.prompt,
+            "level": self.level,
+            "seed": self.seed,
+            "deadline_s": self.deadline_s,
+            "enqueue_s": self.enqueue_s,
+            "cache_ref": self.cache_ref,
+            "attempt": self.attempt,
+            "meta": dict(self.meta),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, receipt: str | None = None) -> WorkItem:
+        return cls(
+            request_id=str(data["request_id"]),
+            prompt=str(data["prompt"]),
+            level=str(data["level"]),
+            seed=None if data.get("seed") is None else int(data["seed"]),
+            deadline_s=None if data.get("deadline_s") is None else float(data["deadline_s"]),
+            enqueue_s=float(data.get("enqueue_s") or 0.0),
+            cache_ref=data.get("cache_ref"),
+            attempt=int(data.get("attempt") or 0),
+            meta={str(k): str(v) for k, v in (data.get("meta") or {}).items()},
+            receipt=receipt,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class WorkResult:
+    """The outcome of one :class:`WorkItem`: a PNG image or an error, never both.
+
+    ``level`` is the level that produced the image (for a cascade that deferred, the heavy level);
+    ``requested_level`` the level the item was queued for. ``timings`` holds :data:`TIMING_KEYS`
+    (plus optional extras such as ``judge_s``). ``k_used`` is the number of denoising steps skipped
+    thanks to a cached latent (0 on a miss or for non-AC levels).
+    """
+
+    request_id: str
+    level: str
+    image_png: bytes | None = None
+    error: str | None = None
+    error_type: str | None = None  # class name of the error, e.g. "CacheUnavailable"
+    timings: Mapping[str, float] = field(default_factory=dict)
+    cache_hit: bool = False
+    k_used: int = 0
+    worker_id: str | None = None
+    requested_level: str | None = None
+    seed: int | None = None
+    confidence: float | None = None  # cascade: the discriminator's confidence in the light image
+    deferred: bool = False  # cascade: the light image was rejected and the heavy level redid it
+    unet_calls: int = 0  # denoising network evaluations spent on this request
+    finished_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.image_png is not None
+
+    @property
+    def total_s(self) -> float:
+        return float(sum(self.timings.get(k, 0.0) for k in TIMING_KEYS))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "request_id": self.request_id,
+            "level": self.level,
+            "image_png": None if self.image_png is None else base64.b64encode(self.image_png).decode("ascii"),
+            "error": self.error,
+            "error_type": self.error_type,
+            "timings": dict(self.timings),
+            "cache_hit": self.cache_hit,
+            "k_used": self.k_used,
+            "worker_id": self.worker_id,
+            "requested_level": self.requested_level,
+            "seed": self.seed,
+            "confidence": self.confidence,
+            "deferred": self.deferred,
+            "unet_calls": self.unet_calls,
+            "finished_s": self.finished_s,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> WorkResult:
+        png = data.get("image_png")
+        return cls(
+            request_id=str(data["request_id"]),
+            level=str(data["level"]),
+            image_png=None if png is None else base64.b64decode(png),
+            error=data.get("error"),
+            error_type=data.get("error_type"),
+            timings={str(k): float(v) for k, v in (data.get("timings") or {}).items()},
+            cache_hit=bool(data.get("cache_hit", False)),
+            k_used=int(data.get("k_used") or 0),
+            worker_id=data.get("worker_id"),
+            requested_level=data.get("requested_level"),
+            seed=None if data.get("seed") is None else int(data["seed"]),
+            confidence=None if data.get("confidence") is None else float(data["confidence"]),
+            deferred=bool(data.get("deferred", False)),
+            unet_calls=int(data.get("unet_calls") or 0),
+            finished_s=float(data.get("finished_s") or 0.0),
+        )
+
+    @classmethod
+    def failure(
+        cls, item: WorkItem, exc: BaseException, *, worker_id: str | None = None, **timings: float
+    ) -> WorkResult:
+        return cls(
+            request_id=item.request_id,
+            level=item.level,
+            error=str(exc) or exc.__class__.__name__,
+            error_type=exc.__class__.__name__,
+            timings={k: float(timings.get(k, 0.0)) for k in TIMING_KEYS},
+            worker_id=worker_id,
+            requested_level=item.level,
+            seed=item.seed,
+        )
+
+
+@runtime_checkable
+class LevelExecutor(Protocol):
+    """Runs requests of one level on one loaded model (``model`` is its registry name)."""
+
+    level_id: str
+    model: str
+
+    def run(self, items: Sequence[WorkItem]) -> list[WorkResult]:
+        """Execute a batch (all of this level); one result per item, in order. Per-item failures
+        come back as error results; only a broken model raises."""
+        ...
+
+
+def build_executor(
+    level: ApproxLevel,
+    registry: ModelRegistry,
+    cache: LatentCacheProtocol | None = None,
+    *,
+    judge: Callable[[Any], float] | None = None,
+    heavy: ApproxLevel | None = None,
+    cascade: CascadeSpec | None = None,
+    threshold: float | None = None,
+    embed: Callable[[Sequence[str]], Any] | None = None,
+) -> LevelExecutor:
+    """The executor for ``level`` (torch and diffusers are imported here, not at module import).
+
+    * ``ac`` levels: :class:`workers.ac.ApproxCacheExecutor` (needs ``cache`` for K > 0; without
+      a cache every request runs all N steps and nothing is stored);
+    * ``sm`` levels: :class:`workers.sm.ModelExecutor`;
+    * ``cascade`` levels: the light level of ``cascade`` with a ``judge`` becomes a
+      :class:`workers.cascade.CascadeExecutor` (defers to ``heavy``); any other cascade level is
+      a plain model executor.
+    """
+    from argusdiff.domain import Strategy
+
+    if level.strategy is Strategy.AC:
+        from workers.ac import ApproxCacheExecutor
+
+        return ApproxCacheExecutor(level, registry, cache=cache, embed=embed)
+    if level.strategy is Strategy.CASCADE and cascade is not None and level.id == cascade.light and judge is not None:
+        from workers.cascade import CascadeExecutor
+
+        if heavy is None:
+            raise ValueError(f"cascade light level {level.id!r} needs the heavy level {cascade.heavy!r}")
+        return CascadeExecutor(
+            level,
+            heavy,
+            registry,
+            judge=judge,
+            threshold=cascade.thresholds[len(cascade.thresholds) // 2] if threshold is None else threshold,
+        )
+    from workers.sm import ModelExecutor
+
+    return ModelExecutor(level, registry)

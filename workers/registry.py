@@ -1,0 +1,407 @@
+"""The model registry: what a level's ``model`` name means and how its pipeline is loaded.
+
+A :class:`ModelSpec` names a diffusers model (hub id or local folder), its pipeline family
+(``sd`` for SD-1.x/2.x-style UNets with one CLIP text encoder, ``sdxl`` for SD-XL-style with two),
+the scheduler to run (class name + config overrides; ``None`` keeps the model's own), the default
+number of steps, guidance scale and resolution. :class:`ModelRegistry` loads pipelines with
+``from_pretrained`` (fp16 and the GPU when one is present, fp32 on CPU), keeps the loaded ones
+per worker (least recently used evicted beyond ``max_loaded``) and records every load time.
+
+Sources starting with ``demo:`` are tiny random-weight pipelines built from configs by
+:mod:`workers.demo` into ``models_dir`` on first use, then loaded back through the same
+``from_pretrained`` path as a real model. They check the pipeline, not image quality.
+
+No torch at import time: the loading code imports torch and diffusers inside functions.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from workers.errors import ModelLoadError, UnknownModel
+
+__all__ = [
+    "SHIPPED_MODELS",
+    "LoadedModel",
+    "ModelRegistry",
+    "ModelSpec",
+    "default_models_dir",
+    "resolve_device",
+]
+
+Family = Literal["sd", "sdxl"]
+
+#: Schedulers that are first-order and deterministic: a trajectory captured after K steps can be
+#: resumed exactly (approximate caching). Ancestral/SDE and multistep (history) schedulers cannot.
+AC_SCHEDULERS = frozenset({"DDIMScheduler", "EulerDiscreteScheduler"})
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    name: str
+    source: str  # hub id, local folder, or "demo:<tiny-sd|tiny-sdxl>"
+    family: Family
+    scheduler: str | None = None  # diffusers scheduler class name; None keeps the model's own
+    scheduler_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    steps: int = 50
+    guidance: float = 7.5
+    height: int = 512
+    width: int = 512
+    variant: str | None = None  # e.g. "fp16" weights on the hub (used only when loading in fp16)
+    unet_weights: str | None = None  # "<hub repo>/<file>.safetensors" replacing the UNet (distilled models)
+    description: str = ""
+
+    def with_overrides(self, overrides: Mapping[str, Any]) -> ModelSpec:
+        allowed = set(self.__dataclass_fields__) - {"name"}
+        unknown = set(overrides) - allowed
+        if unknown:
+            raise UnknownModel(
+                f"model {self.name!r}: unknown override field(s) {', '.join(sorted(unknown))} "
+                f"(allowed: {', '.join(sorted(allowed))})"
+            )
+        return replace(self, **dict(overrides))
+
+
+def _spec(**kw: Any) -> ModelSpec:
+    return ModelSpec(**kw)
+
+
+#: Registry entries for the models the shipped profiles reference. Scheduler choices follow the
+#: model cards; AC levels need DDIM or Euler (see :data:`AC_SCHEDULERS`).
+SHIPPED_MODELS: dict[str, ModelSpec] = {
+    s.name: s
+    for s in (
+        _spec(
+            name="sdxl-base-1.0",
+            source="stabilityai/stable-diffusion-xl-base-1.0",
+            family="sdxl",
+            scheduler="EulerDiscreteScheduler",
+            steps=50,
+            guidance=5.0,
+            height=768,
+            width=768,
+            variant="fp16",
+            description="SD-XL base 1.0 at 768 px (ARGUS §5.1), Euler: resumable for approximate caching",
+        ),
+        _spec(
+            name="sdxl-lightning-2step",
+            source="stabilityai/stable-diffusion-xl-base-1.0",
+            family="sdxl",
+            scheduler="EulerDiscreteScheduler",
+            scheduler_kwargs={"timestep_spacing": "trailing"},
+            steps=2,
+            guidance=0.0,
+            height=1024,
+            width=1024,
+            variant="fp16",
+            unet_weights="ByteDance/SDXL-Lightning/sdxl_lightning_2step_unet.safetensors",
+            description="SDXL-Lightning 2-step UNet on SD-XL base, Euler with trailing timesteps, no CFG",
+        ),
+        _spec(
+            name="sd-turbo",
+            source="stabilityai/sd-turbo",
+            family="sd",
+            scheduler="EulerDiscreteScheduler",
+            scheduler_kwargs={"timestep_spacing": "trailing"},
+            steps=1,
+            guidance=0.0,
+            variant="fp16",
+            description="SD-Turbo (adversarial distillation of SD-2.1): one step, no CFG",
+        ),
+        _spec(
+            name="sdxs-512",
+            source="IDKiro/sdxs-512-0.9",
+            family="sd",
+            scheduler=None,
+            steps=1,
+            guidance=0.0,
+            description="SDXS-512: one step, no CFG",
+        ),
+        _spec(
+            name="sd-1.5",
+            source="stable-diffusion-v1-5/stable-diffusion-v1-5",
+            family="sd",
+            scheduler="DDIMScheduler",
+            steps=50,
+            guidance=7.5,
+            variant="fp16",
+            description="Stable Diffusion 1.5",
+        ),
+        _spec(
+            name="sd-1.4",
+            source="CompVis/stable-diffusion-v1-4",
+            family="sd",
+            scheduler="DDIMScheduler",
+            steps=50,
+            guidance=7.5,
+            variant="fp16",
+            description="Stable Diffusion 1.4",
+        ),
+        _spec(
+            name="sd-2.0",
+            source="stabilityai/stable-diffusion-2",
+            family="sd",
+            scheduler="DDIMScheduler",
+            steps=50,
+            guidance=7.5,
+            height=768,
+            width=768,
+            variant="fp16",
+            description="Stable Diffusion 2.0 (768 px, v-prediction)",
+        ),
+        _spec(
+            name="small-sd",
+            source="segmind/small-sd",
+            family="sd",
+            scheduler="DDIMScheduler",
+            steps=50,
+            guidance=7.5,
+            description="Segmind Small-SD (block-removed distillation of SD-1.5)",
+        ),
+        _spec(
+            name="tiny-sd",
+            source="segmind/tiny-sd",
+            family="sd",
+            scheduler="DDIMScheduler",
+            steps=50,
+            guidance=7.5,
+            description="Segmind Tiny-SD (block-removed distillation of SD-1.5)",
+        ),
+        # Tiny random-weight pipelines for this CPU machine and CI: a pipeline check, not quality.
+        _spec(
+            name="demo-tiny-sdxl",
+            source="demo:tiny-sdxl",
+            family="sdxl",
+            scheduler="EulerDiscreteScheduler",
+            steps=8,
+            guidance=5.0,
+            height=64,
+            width=64,
+            description="tiny SD-XL-shaped pipeline, random weights (pipeline check only)",
+        ),
+        _spec(
+            name="demo-tiny-sd",
+            source="demo:tiny-sd",
+            family="sd",
+            scheduler="DDIMScheduler",
+            steps=8,
+            guidance=7.5,
+            height=64,
+            width=64,
+            description="tiny SD-1.x-shaped pipeline, random weights (pipeline check only)",
+        ),
+        _spec(
+            name="demo-tiny-sd-1step",
+            source="demo:tiny-sd",
+            family="sd",
+            scheduler="EulerDiscreteScheduler",
+            scheduler_kwargs={"timestep_spacing": "trailing"},
+            steps=1,
+            guidance=0.0,
+            height=64,
+            width=64,
+            description="tiny one-step light level (SD-Turbo-style: 1 step, no CFG), random weights",
+        ),
+    )
+}
+
+
+def default_models_dir() -> Path:
+    env = os.environ.get("ARGUSDIFF_MODELS_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "argusdiff" / "models"
+
+
+def resolve_device(device: str = "auto") -> str:
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    spec: ModelSpec
+    pipe: Any  # a diffusers pipeline
+    device: str
+    dtype: str
+    load_s: float
+
+
+class ModelRegistry:
+    """Model specs by name plus this worker's loaded pipelines.
+
+    ``overrides`` maps a model name to field overrides (e.g. a local ``source`` folder) or to a
+    full new entry (then ``source`` and ``family`` are required).
+    """
+
+    def __init__(
+        self,
+        specs: Mapping[str, ModelSpec] | Iterable[ModelSpec] | None = None,
+        *,
+        overrides: Mapping[str, Mapping[str, Any]] | None = None,
+        device: str = "auto",
+        dtype: str = "auto",
+        models_dir: str | Path | None = None,
+        max_loaded: int = 2,
+    ) -> None:
+        if specs is None:
+            specs = SHIPPED_MODELS
+        items = specs.values() if isinstance(specs, Mapping) else specs
+        self._specs: dict[str, ModelSpec] = {s.name: s for s in items}
+        for name, over in (overrides or {}).items():
+            if name in self._specs:
+                self._specs[name] = self._specs[name].with_overrides(over)
+            else:
+                missing = {"source", "family"} - set(over)
+                if missing:
+                    raise UnknownModel(
+                        f"model {name!r} is not in the registry: a new entry needs {', '.join(sorted(missing))}"
+                    )
+                self._specs[name] = ModelSpec(name=name, **dict(over))
+        self.device_setting = device
+        self.dtype_setting = dtype
+        self.models_dir = Path(models_dir) if models_dir is not None else default_models_dir()
+        if max_loaded < 1:
+            raise ValueError("max_loaded must be >= 1")
+        self.max_loaded = max_loaded
+        self._loaded: OrderedDict[str, LoadedModel] = OrderedDict()
+        self._lock = threading.RLock()
+        self.load_times: dict[str, float] = {}
+
+    @classmethod
+    def from_config(cls, config: Any) -> ModelRegistry:
+        """From a :class:`argusdiff.config.WorkersConfig`."""
+        return cls(
+            overrides=dict(config.models),
+            device=config.device,
+            dtype=config.dtype,
+            models_dir=config.models_dir,
+            max_loaded=config.max_loaded_models,
+        )
+
+    # -- specs -------------------------------------------------------------------------------
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(sorted(self._specs))
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._specs
+
+    def spec(self, name: str) -> ModelSpec:
+        try:
+            return self._specs[name]
+        except KeyError:
+            raise UnknownModel(
+                f"unknown model {name!r}: not in the model registry (known: {', '.join(self.names)}); "
+                "add it under [workers.models] with a source and family"
+            ) from None
+
+    def register(self, spec: ModelSpec) -> None:
+        self._specs[spec.name] = spec
+
+    # -- loading -----------------------------------------------------------------------------
+    @property
+    def device(self) -> str:
+        return resolve_device(self.device_setting)
+
+    def torch_dtype_name(self) -> str:
+        if self.dtype_setting != "auto":
+            return self.dtype_setting
+        return "float16" if self.device.startswith("cuda") else "float32"
+
+    def loaded(self) -> tuple[str, ...]:
+        with self._lock:
+            return tuple(self._loaded)
+
+    def unload(self, name: str) -> None:
+        with self._lock:
+            self._loaded.pop(name, None)
+
+    def local_path(self, spec: ModelSpec) -> str:
+        """The ``from_pretrained`` argument of ``spec`` (building a demo model on first use)."""
+        if spec.source.startswith("demo:"):
+            from workers.demo import ensure_demo_model
+
+            return str(ensure_demo_model(spec.source.removeprefix("demo:"), self.models_dir))
+        return spec.source
+
+    def load(self, name: str) -> LoadedModel:
+        """The loaded pipeline of ``name`` (cached; the first call measures the load time)."""
+        with self._lock:
+            if name in self._loaded:
+                self._loaded.move_to_end(name)
+                return self._loaded[name]
+            spec = self.spec(name)
+            t0 = time.perf_counter()
+            pipe = self._load_pipeline(spec)
+            load_s = time.perf_counter() - t0
+            loaded = LoadedModel(spec=spec, pipe=pipe, device=self.device, dtype=self.torch_dtype_name(), load_s=load_s)
+            self._loaded[name] = loaded
+            self.load_times[name] = load_s
+            while len(self._loaded) > self.max_loaded:
+                self._loaded.popitem(last=False)
+            return loaded
+
+    def _load_pipeline(self, spec: ModelSpec) -> Any:
+        import diffusers
+        import torch
+
+        dtype_name = self.torch_dtype_name()
+        dtype = getattr(torch, dtype_name)
+        device = self.device
+        pipe_cls = diffusers.StableDiffusionXLPipeline if spec.family == "sdxl" else diffusers.StableDiffusionPipeline
+        path = self.local_path(spec)
+        kwargs: dict[str, Any] = {"torch_dtype": dtype}
+        if spec.variant and dtype_name == "float16" and not Path(path).exists():
+            kwargs["variant"] = spec.variant
+        if spec.family == "sd":
+            kwargs["safety_checker"] = None
+            kwargs["requires_safety_checker"] = False
+        try:
+            pipe = pipe_cls.from_pretrained(path, **kwargs)
+        except (OSError, ValueError) as exc:
+            hint = (
+                " (offline: HF_HUB_OFFLINE is set; point [workers.models] at a local folder)"
+                if os.environ.get("HF_HUB_OFFLINE")
+                else ""
+            )
+            raise ModelLoadError(f"model {spec.name!r}: cannot load {path!r}: {exc}{hint}") from None
+        if spec.unet_weights:
+            self._replace_unet(pipe, spec)
+        if spec.scheduler is not None:
+            sched_cls = getattr(diffusers, spec.scheduler, None)
+            if sched_cls is None:
+                raise ModelLoadError(f"model {spec.name!r}: field 'scheduler': diffusers has no {spec.scheduler!r}")
+            pipe.scheduler = sched_cls.from_config(pipe.scheduler.config, **dict(spec.scheduler_kwargs))
+        pipe = pipe.to(device)
+        pipe.set_progress_bar_config(disable=True)
+        return pipe
+
+    def _replace_unet(self, pipe: Any, spec: ModelSpec) -> None:
+        from huggingface_hub import hf_hub_download
+        from safetensors.torch import load_file
+
+        assert spec.unet_weights is not None
+        if Path(spec.unet_weights).is_file():
+            file = spec.unet_weights
+        else:
+            repo, _, filename = spec.unet_weights.rpartition("/")
+            try:
+                file = hf_hub_download(repo, filename)
+            except Exception as exc:
+                raise ModelLoadError(
+                    f"model {spec.name!r}: cannot fetch UNet weights {spec.unet_weights!r}: {exc}"
+                ) from None
+        state = load_file(file, device="cpu")
+        pipe.unet.load_state_dict(state)
