@@ -1,0 +1,254 @@
+"""The policy interface shared by the simulator and the live service.
+
+A policy has two entry points (ARGUS Fig. 3):
+
+* ``plan(stats) -> Plan`` on the control path, once per control period: which level each worker
+  runs and how prompts are redistributed over the levels (the PASM);
+* ``route(request, plan, view) -> Assignment`` on the data path, once per request: the level
+  and the worker that serve it (or a drop).
+
+Policies are pure: no I/O, no wall clock, randomness only from the injected
+``numpy.random.Generator``. What the data path may observe is a :class:`RouteView`, which the
+simulator (or the service's router) fills in; the simulator reuses one mutable view object for
+every request, so a policy must not keep a reference to it.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from argusdiff.domain import Assignment, ClusterStats, Plan, Profile, Request, Strategy
+from argusdiff.errors import ConfigError
+
+__all__ = [
+    "Policy",
+    "PolicyError",
+    "PolicyOptions",
+    "RouteView",
+    "identity_pasm",
+    "select_worker",
+    "uniform_pasm",
+]
+
+
+class PolicyError(ConfigError):
+    """A policy name or option is invalid, or a policy cannot run on the given profile."""
+
+
+@dataclass(slots=True)
+class RouteView:
+    """What the data path may observe when it routes one request.
+
+    ``queue_lengths[w]`` counts requests assigned to worker ``w`` and not finished (including the
+    one in service); ``busy_until[w]`` is the estimated time ``w`` finishes all of them;
+    ``worker_models[w]`` the model ``w`` has loaded (or is loading); ``optimal_level`` the
+    classifier's (or quality oracle's) predicted optimal level of the prompt; ``cache_similarity``
+    the cosine similarity of the best cached prompt (``None``: unknown / no cache).
+    """
+
+    now_s: float = 0.0
+    queue_lengths: dict[str, int] = field(default_factory=dict)
+    busy_until: dict[str, float] = field(default_factory=dict)
+    worker_models: dict[str, str | None] = field(default_factory=dict)
+    up: frozenset[str] | set[str] = field(default_factory=set)
+    optimal_level: str | None = None
+    cache_similarity: float | None = None
+    cache_healthy: bool = True
+    slo_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class PolicyOptions:
+    """Knobs shared by the policies. ``slo_s`` ``None``: the profile's default (3 × slowest)."""
+
+    slo_s: float | None = None
+    period_s: float = 60.0
+    ewma_alpha: float = 0.5
+    affinity_window: int = 1000
+    formulation: str = "aggregated"
+    backend: str = "auto"
+    switch_tolerance: float = 0.005
+    margin: float = 1.0
+    time_limit_s: float = 5.0
+    drop_factor: float = 1.5  # DiffServe drops when queue wait + runtime > drop_factor × SLO
+    fallback: Profile | None = None  # ARGUS §4.6: SM levels to switch to when the cache degrades
+    cache_latency_limit_s: float = 0.5  # median retrieval latency above this counts as degraded
+    cache_error_limit: float = 0.05  # share of failed lookups above this counts as degraded
+    switch_margin: float = 1.5  # ARGUS §4.6: capacity margin while switching AC -> SM
+    probe_periods: int = 1  # healthy periods seen by background probes before switching back
+    overprovision: float = 1.05  # DiffServe's over-provisioning of demand
+    # argus+ parts (ablation switches)
+    admission: bool = True
+    switch_aware: bool = True
+    backlog: bool = True
+    mix: bool = True
+
+    @classmethod
+    def coerce(cls, config: PolicyOptions | Mapping[str, Any] | None) -> PolicyOptions:
+        if config is None:
+            return cls()
+        if isinstance(config, PolicyOptions):
+            return config
+        unknown = set(config) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise PolicyError(f"unknown policy option(s): {', '.join(sorted(unknown))}")
+        return cls(**dict(config))
+
+
+def select_worker(
+    workers: Sequence[str], view: RouteView, proc_s: float | Sequence[float] = 1.0
+) -> str | None:
+    """ARGUS §4.4 Worker-Selector: argmin over ``workers`` of queue length × processing time.
+
+    Ties (e.g. several idle workers) go to the worker that frees up first, then the lowest id
+    order given. ``proc_s`` is one time for all (the same level) or one per worker.
+    """
+    best: str | None = None
+    best_key = (math.inf, math.inf)
+    ql = view.queue_lengths
+    bu = view.busy_until
+    scalar = not isinstance(proc_s, Sequence)
+    for i, w in enumerate(workers):
+        t = proc_s if scalar else proc_s[i]
+        key = ((ql.get(w, 0) + 1) * t, bu.get(w, 0.0))
+        if key < best_key:
+            best_key = key
+            best = w
+    return best
+
+
+def identity_pasm(n: int) -> tuple[tuple[float, ...], ...]:
+    return tuple(tuple(1.0 if i == j else 0.0 for j in range(n)) for i in range(n))
+
+
+def uniform_pasm(share: Sequence[float]) -> tuple[tuple[float, ...], ...]:
+    """Every row equal to ``share``: the prompt-agnostic redistribution (PAC, Proteus)."""
+    total = math.fsum(share)
+    row = tuple(s / total for s in share) if total > 0 else tuple(1.0 / len(share) for _ in share)
+    return tuple(row for _ in share)
+
+
+class Policy(abc.ABC):
+    """Base class of every routing/allocation policy."""
+
+    name: str = "policy"
+    #: profile strategies the policy can run on
+    strategies: frozenset[Strategy] = frozenset({Strategy.AC, Strategy.SM})
+    #: whether the policy needs the classifier's optimal level in the RouteView
+    uses_classifier: bool = False
+
+    def __init__(
+        self,
+        profile: Profile,
+        *,
+        rng: np.random.Generator,
+        classifier: Any = None,
+        config: PolicyOptions | Mapping[str, Any] | None = None,
+    ) -> None:
+        if not profile.strategies <= self.strategies and not (profile.strategies & self.strategies):
+            raise PolicyError(
+                f"policy {self.name!r} runs on {'/'.join(sorted(s.value for s in self.strategies))} profiles; "
+                f"profile {profile.name!r} has {'/'.join(sorted(s.value for s in profile.strategies))} levels"
+            )
+        self.profile = profile
+        self.rng = rng
+        self.classifier = classifier
+        self.options = PolicyOptions.coerce(config)
+        self.slo_s = self.options.slo_s if self.options.slo_s is not None else profile.default_slo_s()
+        self._version = 0
+        self._route_cache_version = -1
+
+    # ---- control path --------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def plan(self, stats: ClusterStats) -> Plan:
+        """The plan for the next control period."""
+
+    # ---- data path -----------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def route(self, request: Request, plan: Plan, view: RouteView) -> Assignment:
+        """The level and worker that serve ``request`` under ``plan``."""
+
+    def on_served(self, level_id: str, latency_s: float, ok: bool) -> None:  # noqa: B027 - optional hook
+        """Feedback after a request finished (``ok``: within its SLO). Default: nothing."""
+
+    def describe(self) -> dict[str, Any]:
+        """What the policy is, for reports (classifier kind and accuracy included)."""
+        out: dict[str, Any] = {"policy": self.name, "profile": self.profile.name}
+        if self.uses_classifier and self.classifier is not None:
+            out["classifier"] = getattr(self.classifier, "description", type(self.classifier).__name__)
+        return out
+
+    # ---- helpers ------------------------------------------------------------------------
+
+    def next_version(self) -> int:
+        self._version += 1
+        return self._version
+
+    def level_ids(self) -> tuple[str, ...]:
+        return self.profile.ids
+
+    def static_plan(self, stats: ClusterStats, level_id: str, *, note: str = "") -> Plan:
+        """Every up worker at ``level_id``; PASM sends every prompt there."""
+        ids = self.profile.ids
+        j = ids.index(level_id)
+        share = tuple(1.0 if i == j else 0.0 for i in range(len(ids)))
+        capacity = self.profile.level(level_id).peak_qpm * len(stats.workers)
+        return Plan(
+            version=self.next_version(),
+            created_s=stats.now_s,
+            strategy=self.profile.level(level_id).strategy,
+            levels=ids,
+            assignment={w: level_id for w in stats.workers},
+            share=share,
+            pasm=tuple(share for _ in ids),
+            predicted_qpm=stats.arrival_qpm,
+            expected_quality=self.profile.level(level_id).quality,
+            saturated=stats.arrival_qpm > capacity,
+            shortfall_qpm=max(0.0, stats.arrival_qpm - capacity),
+            policy=self.name,
+            notes=(note,) if note else (),
+        )
+
+
+class PlanRouting:
+    """Per-plan routing tables (workers per level, cumulative PASM rows) built once per plan."""
+
+    __slots__ = ("cum", "index", "levels", "version", "workers")
+
+    def __init__(self, plan: Plan) -> None:
+        self.version = plan.version
+        self.levels = plan.levels
+        self.index = {lv: i for i, lv in enumerate(plan.levels)}
+        self.workers: list[list[str]] = [[] for _ in plan.levels]
+        for w, lv in plan.assignment.items():
+            if lv is not None and lv in self.index:
+                self.workers[self.index[lv]].append(w)
+        self.cum = [np.cumsum(row) for row in plan.pasm]
+
+    def sample(self, row: int, u: float) -> int:
+        """Level index drawn from PASM row ``row`` with uniform ``u``, restricted to levels that
+        have workers (falls back to the nearest level with a worker)."""
+        cum = self.cum[row]
+        j = int(np.searchsorted(cum, u * cum[-1], side="right")) if cum[-1] > 0 else row
+        j = min(j, len(self.levels) - 1)
+        return self.nearest_served(j)
+
+    def nearest_served(self, j: int) -> int:
+        if self.workers[j]:
+            return j
+        n = len(self.levels)
+        for d in range(1, n):
+            # prefer a faster level first (keeps latency), then a slower one
+            if j + d < n and self.workers[j + d]:
+                return j + d
+            if j - d >= 0 and self.workers[j - d]:
+                return j - d
+        return j
