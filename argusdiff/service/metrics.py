@@ -1,0 +1,66 @@
+"""Prometheus metrics of one service instance (its own registry, so tests can run several)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+__all__ = ["CONTENT_TYPE_LATEST", "ServiceMetrics"]
+
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300)
+_FAST_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
+
+
+class ServiceMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "argusdiff_requests", "Images requested, by serving level and outcome", ["level", "outcome"], registry=r
+        )
+        self.http = Counter(
+            "argusdiff_http_responses", "HTTP responses by route and status", ["route", "status"], registry=r
+        )
+        self.latency = Histogram(
+            "argusdiff_request_latency_seconds",
+            "End-to-end latency of one image from arrival to result, by level",
+            ["level"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.overhead = Histogram(
+            "argusdiff_router_overhead_seconds",
+            "Router time per image: validate, classify, route, admit, enqueue",
+            buckets=_FAST_BUCKETS,
+            registry=r,
+        )
+        self.queue_depth = Gauge("argusdiff_queue_depth", "Images queued or running per level", ["level"], registry=r)
+        self.plan_changes = Counter("argusdiff_plan_changes", "Plans published with a changed allocation", registry=r)
+        self.plan_version = Gauge("argusdiff_plan_version", "Version of the plan in force", registry=r)
+        self.predicted_qpm = Gauge("argusdiff_predicted_qpm", "Demand the plan was made for (QPM)", registry=r)
+        self.saturated = Gauge("argusdiff_saturated", "1 when the plan cannot meet the predicted demand", registry=r)
+        self.workers_up = Gauge("argusdiff_workers_up", "Workers with a recent heartbeat", registry=r)
+        self.workers_at = Gauge("argusdiff_workers_at_level", "Workers assigned to each level", ["level"], registry=r)
+        self.requeued = Counter("argusdiff_requeued", "Work items re-queued from dead workers", registry=r)
+        self.cache_lookups = Counter(
+            "argusdiff_cache_lookups", "Latent cache lookups by result (hit, miss, error)", ["result"], registry=r
+        )
+        self.cache_hit_ratio = Gauge("argusdiff_cache_hit_ratio", "Hits over lookups in the recent window", registry=r)
+        self.cache_lookup = Histogram(
+            "argusdiff_cache_lookup_seconds", "Latent cache lookup + fetch latency", buckets=_FAST_BUCKETS, registry=r
+        )
+        self.slo_violations = Counter(
+            "argusdiff_slo_violations", "Images finished after their deadline, by level", ["level"], registry=r
+        )
+        self.strategy = Gauge(
+            "argusdiff_strategy",
+            "1 for the strategy in force (ac: approximate caching, sm: smaller models)",
+            ["strategy"],
+            registry=r,
+        )
+        self.strategy_switches = Counter(
+            "argusdiff_strategy_switches", "AC<->SM switches by direction", ["to"], registry=r
+        )
+        self.queue_errors = Counter("argusdiff_queue_errors", "Failed queue (Redis) operations", registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,471 @@
+"""Redis Streams transport: the :class:`workers.queue.WorkQueue` protocol across machines.
+
+Layout under a namespace ``ns`` (default ``argusdiff``):
+
+* ``ns:q:<level>`` — one stream per level; consumer group ``ns:workers``; one entry per work item
+  (field ``item``: the item's JSON). Workers read with XREADGROUP, **ack after the result is
+  stored** (XACK + XDEL). A dead worker's pending entries are re-queued by the control loop
+  (XPENDING for that consumer → XCLAIM → XADD a copy with ``attempt + 1`` → XACK), and as a last
+  resort any worker re-claims entries idle longer than ``claim_idle_s`` with XAUTOCLAIM.
+* ``ns:result:<request id>`` — the result JSON, with expiry (``result_ttl_s``);
+  ``ns:done`` — a capped stream of finished request ids the router listens on.
+* ``ns:plan`` — the plan in force (JSON); ``ns:hb:<worker>`` — heartbeat hashes with expiry;
+  ``ns:workers`` — every worker id seen (a member without a heartbeat key is dead).
+* ``ns:req:<request id>`` — accepted requests, so a restarted router can still answer polls;
+  ``ns:img:<id>`` — PNG bytes served at ``GET /v1/images/<id>``, with expiry.
+
+:class:`RedisWorkQueue` is the synchronous side (workers, control loop, tools);
+:class:`AsyncRedisDispatch` the router's asyncio side.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError, ResponseError
+
+from argusdiff.service.errors import QueueUnavailable
+from workers.executor import WorkItem, WorkResult
+
+__all__ = ["AsyncRedisDispatch", "RedisKeys", "RedisWorkQueue"]
+
+DONE_MAXLEN = 100_000
+
+
+class RedisKeys:
+    def __init__(self, namespace: str = "argusdiff") -> None:
+        self.ns = namespace
+        self.group = f"{namespace}:workers"
+        self.done = f"{namespace}:done"
+        self.plan = f"{namespace}:plan"
+        self.plan_channel = f"{namespace}:plan-changed"
+        self.workers = f"{namespace}:workers"
+
+    def stream(self, level_id: str) -> str:
+        return f"{self.ns}:q:{level_id}"
+
+    def result(self, request_id: str) -> str:
+        return f"{self.ns}:result:{request_id}"
+
+    def heartbeat(self, worker_id: str) -> str:
+        return f"{self.ns}:hb:{worker_id}"
+
+    def request(self, request_id: str) -> str:
+        return f"{self.ns}:req:{request_id}"
+
+    def image(self, image_id: str) -> str:
+        return f"{self.ns}:img:{image_id}"
+
+
+def _decode(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _item_from_entry(level_id: str, entry_id: Any, fields: dict) -> WorkItem:
+    raw = fields.get(b"item") or fields.get("item")
+    data = json.loads(raw)
+    return WorkItem.from_dict(data, receipt=f"{level_id}|{_decode(entry_id)}")
+
+
+class RedisWorkQueue:
+    """Synchronous Redis Streams :class:`~workers.queue.WorkQueue` (thread-safe: redis-py pools)."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        client: redis.Redis | None = None,
+        namespace: str = "argusdiff",
+        consumer: str = "router",
+        result_ttl_s: float = 3600.0,
+        claim_idle_s: float = 300.0,
+        socket_timeout_s: float = 5.0,
+    ) -> None:
+        if client is None:
+            if url is None:
+                raise ValueError("RedisWorkQueue needs a url or a client")
+            client = redis.Redis.from_url(
+                url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s, health_check_interval=10
+            )
+        self.r = client
+        self.keys = RedisKeys(namespace)
+        self.consumer = consumer
+        self.result_ttl_ms = int(result_ttl_s * 1000)
+        self.claim_idle_ms = int(claim_idle_s * 1000)
+        self._groups: set[str] = set()
+        self._last_autoclaim: dict[str, float] = {}
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _ensure_group(self, level_id: str) -> str:
+        stream = self.keys.stream(level_id)
+        if stream not in self._groups:
+            try:
+                self.r.xgroup_create(stream, self.keys.group, id="0", mkstream=True)
+            except ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+            self._groups.add(stream)
+        return stream
+
+    def _call(self, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except ResponseError as exc:
+            if "NOGROUP" in str(exc):  # the server lost its data (restart without persistence)
+                self._groups.clear()
+            raise QueueUnavailable(f"redis: {exc}") from exc
+        except (RedisError, OSError) as exc:
+            raise QueueUnavailable(f"redis unavailable: {exc}") from exc
+
+    def ping(self) -> bool:
+        try:
+            return bool(self.r.ping())
+        except (RedisError, OSError):
+            return False
+
+    # -- WorkQueue protocol ----------------------------------------------------------------
+
+    def put(self, level_id: str, item: WorkItem) -> None:
+        if item.level != level_id:
+            item = replace(item, level=level_id)
+        if not item.enqueue_s:
+            item = replace(item, enqueue_s=time.time())
+
+        def _put():
+            stream = self._ensure_group(level_id)
+            self.r.xadd(stream, {"item": json.dumps(item.to_dict())})
+
+        self._call(_put)
+
+    def get(self, level_id: str, timeout: float | None = None) -> WorkItem | None:
+        def _get():
+            stream = self._ensure_group(level_id)
+            now = time.monotonic()
+            if now - self._last_autoclaim.get(level_id, 0.0) > 1.0:
+                self._last_autoclaim[level_id] = now
+                res = self.r.xautoclaim(
+                    stream, self.keys.group, self.consumer, min_idle_time=self.claim_idle_ms, start_id="0-0", count=1
+                )
+                claimed = res[1] if len(res) > 1 else []
+                for entry_id, fields in claimed:
+                    if fields:
+                        item = _item_from_entry(level_id, entry_id, fields)
+                        return replace(item, attempt=item.attempt + 1)
+            block = None if timeout is None else max(1, int(timeout * 1000))
+            res = self.r.xreadgroup(self.keys.group, self.consumer, {stream: ">"}, count=1, block=block or 0)
+            for _stream, entries in res or []:
+                for entry_id, fields in entries:
+                    return _item_from_entry(level_id, entry_id, fields)
+            return None
+
+        return self._call(_get)
+
+    def _receipt(self, item: WorkItem) -> tuple[str, str] | None:
+        if not item.receipt or "|" not in item.receipt:
+            return None
+        level_id, entry_id = item.receipt.rsplit("|", 1)
+        return self.keys.stream(level_id), entry_id
+
+    def ack(self, item: WorkItem) -> None:
+        rec = self._receipt(item)
+        if rec is None:
+            return
+        stream, entry_id = rec
+
+        def _ack():
+            pipe = self.r.pipeline(transaction=True)
+            pipe.xack(stream, self.keys.group, entry_id)
+            pipe.xdel(stream, entry_id)
+            pipe.execute()
+
+        self._call(_ack)
+
+    def nack(self, item: WorkItem) -> None:
+        """Give an item back: a copy is queued again (at the stream's end) and the delivery acked."""
+        rec = self._receipt(item)
+        if rec is None:
+            return
+        stream, entry_id = rec
+        back = replace(item, attempt=item.attempt + 1, receipt=None)
+
+        def _nack():
+            pipe = self.r.pipeline(transaction=True)
+            pipe.xadd(stream, {"item": json.dumps(back.to_dict())})
+            pipe.xack(stream, self.keys.group, entry_id)
+            pipe.xdel(stream, entry_id)
+            pipe.execute()
+
+        self._call(_nack)
+
+    def result(self, request_id: str, result: WorkResult) -> None:
+        def _result():
+            pipe = self.r.pipeline(transaction=True)
+            pipe.set(self.keys.result(request_id), json.dumps(result.to_dict()), px=self.result_ttl_ms)
+            pipe.xadd(self.keys.done, {"id": request_id}, maxlen=DONE_MAXLEN, approximate=True)
+            pipe.execute()
+
+        self._call(_result)
+
+    def fetch_result(self, request_id: str) -> WorkResult | None:
+        raw = self._call(self.r.get, self.keys.result(request_id))
+        return None if raw is None else WorkResult.from_dict(json.loads(raw))
+
+    def wait_result(self, request_id: str, timeout: float | None = None) -> WorkResult | None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            res = self.fetch_result(request_id)
+            if res is not None:
+                return res
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+            time.sleep(0.02)
+
+    def qsize(self, level_id: str) -> int:
+        """Entries not yet delivered to any worker (the group's lag)."""
+
+        def _qsize():
+            stream = self._ensure_group(level_id)
+            for g in self.r.xinfo_groups(stream):
+                name = _decode(g.get("name", g.get(b"name", b"")))
+                if name == self.keys.group:
+                    lag = g.get("lag", g.get(b"lag"))
+                    if lag is None:  # lag unknown after deletions: count the entries after the last delivery
+                        last = _decode(g.get("last-delivered-id", "0-0"))
+                        return len(self.r.xrange(stream, min=f"({last}", max="+"))
+                    return int(lag)
+            return 0
+
+        return self._call(_qsize)
+
+    def pending(self, level_id: str) -> int:
+        def _pending():
+            stream = self._ensure_group(level_id)
+            return int(self.r.xpending(stream, self.keys.group)["pending"])
+
+        return self._call(_pending)
+
+    # -- control-path operations -----------------------------------------------------------
+
+    def pending_by_consumer(self, level_id: str) -> dict[str, int]:
+        def _p():
+            stream = self._ensure_group(level_id)
+            info = self.r.xpending(stream, self.keys.group)
+            return {_decode(c["name"]): int(c["pending"]) for c in info.get("consumers") or []}
+
+        return self._call(_p)
+
+    def requeue_consumer(self, level_id: str, consumer: str) -> int:
+        """Re-queue every entry pending at ``consumer`` (a dead worker): a fresh copy any worker can
+        read, the old delivery acked. Returns the number re-queued."""
+
+        def _requeue():
+            stream = self._ensure_group(level_id)
+            moved = 0
+            while True:
+                rows = self.r.xpending_range(stream, self.keys.group, "-", "+", 100, consumername=consumer)
+                if not rows:
+                    return moved
+                ids = [r["message_id"] for r in rows]
+                claimed = self.r.xclaim(stream, self.keys.group, self.consumer, min_idle_time=0, message_ids=ids)
+                pipe = self.r.pipeline(transaction=True)
+                for entry_id, fields in claimed:
+                    if fields:
+                        item = _item_from_entry(level_id, entry_id, fields)
+                        back = replace(item, attempt=item.attempt + 1, receipt=None)
+                        pipe.xadd(stream, {"item": json.dumps(back.to_dict())})
+                        moved += 1
+                pipe.xack(stream, self.keys.group, *ids)
+                pipe.xdel(stream, *ids)
+                pipe.execute()
+
+        return self._call(_requeue)
+
+    def drop_consumer(self, level_id: str, consumer: str) -> None:
+        stream = self._ensure_group(level_id)
+        self._call(self.r.xgroup_delconsumer, stream, self.keys.group, consumer)
+
+    def migrate(self, from_level: str, to_level: str, limit: int = 10_000) -> int:
+        """Move undelivered items of ``from_level`` (no longer served by any worker) to ``to_level``."""
+
+        def _migrate():
+            src = self._ensure_group(from_level)
+            dst = self._ensure_group(to_level)
+            res = self.r.xreadgroup(self.keys.group, self.consumer, {src: ">"}, count=limit)
+            moved = 0
+            for _stream, entries in res or []:
+                pipe = self.r.pipeline(transaction=True)
+                ids = []
+                for entry_id, fields in entries:
+                    ids.append(entry_id)
+                    if fields:
+                        item = _item_from_entry(from_level, entry_id, fields)
+                        meta = {**item.meta, "migrated_from": from_level}
+                        moved_item = replace(item, level=to_level, receipt=None, meta=meta)
+                        pipe.xadd(dst, {"item": json.dumps(moved_item.to_dict())})
+                        moved += 1
+                if ids:
+                    pipe.xack(src, self.keys.group, *ids)
+                    pipe.xdel(src, *ids)
+                    pipe.execute()
+            return moved
+
+        return self._call(_migrate)
+
+    # -- plan and heartbeats ---------------------------------------------------------------
+
+    def publish_plan(self, plan_json: dict[str, Any]) -> None:
+        raw = json.dumps(plan_json)
+
+        def _pub():
+            pipe = self.r.pipeline(transaction=True)
+            pipe.set(self.keys.plan, raw)
+            pipe.publish(self.keys.plan_channel, str(plan_json.get("version", "")))
+            pipe.execute()
+
+        self._call(_pub)
+
+    def read_plan(self) -> dict[str, Any] | None:
+        raw = self._call(self.r.get, self.keys.plan)
+        return None if raw is None else json.loads(raw)
+
+    def beat(self, worker_id: str, info: dict[str, Any], ttl_s: float) -> None:
+        key = self.keys.heartbeat(worker_id)
+        mapping = {k: json.dumps(v) for k, v in {**info, "ts": time.time()}.items()}
+
+        def _beat():
+            pipe = self.r.pipeline(transaction=True)
+            pipe.hset(key, mapping=mapping)
+            pipe.pexpire(key, max(1, int(ttl_s * 1000)))
+            pipe.sadd(self.keys.workers, worker_id)
+            pipe.execute()
+
+        self._call(_beat)
+
+    def leave(self, worker_id: str) -> None:
+        """A worker shutting down cleanly: heartbeat gone at once."""
+        self._call(self.r.delete, self.keys.heartbeat(worker_id))
+
+    def heartbeats(self) -> tuple[dict[str, dict[str, Any]], set[str]]:
+        """(alive worker id -> heartbeat info, ids seen before whose heartbeat expired)."""
+
+        def _hb():
+            ids = sorted(_decode(w) for w in self.r.smembers(self.keys.workers))
+            pipe = self.r.pipeline(transaction=False)
+            for w in ids:
+                pipe.hgetall(self.keys.heartbeat(w))
+            rows = pipe.execute()
+            alive: dict[str, dict[str, Any]] = {}
+            dead: set[str] = set()
+            for w, row in zip(ids, rows, strict=True):
+                if row:
+                    alive[w] = {_decode(k): json.loads(v) for k, v in row.items()}
+                else:
+                    dead.add(w)
+            return alive, dead
+
+        return self._call(_hb)
+
+    def forget_worker(self, worker_id: str) -> None:
+        self._call(self.r.srem, self.keys.workers, worker_id)
+
+
+class AsyncRedisDispatch:
+    """The router's asyncio side: enqueue, listen for finished requests, store request records
+    and url images. Every failure becomes :class:`QueueUnavailable`."""
+
+    def __init__(self, url: str, *, namespace: str = "argusdiff", socket_timeout_s: float = 2.0) -> None:
+        self.r = aioredis.Redis.from_url(
+            url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s, health_check_interval=10
+        )
+        # a second connection pool for the blocking XREAD so it never starves the data path
+        self.listen_r = aioredis.Redis.from_url(url, socket_timeout=None, socket_connect_timeout=socket_timeout_s)
+        self.keys = RedisKeys(namespace)
+        self._groups: set[str] = set()
+
+    async def _ensure_group(self, level_id: str) -> str:
+        stream = self.keys.stream(level_id)
+        if stream not in self._groups:
+            try:
+                await self.r.xgroup_create(stream, self.keys.group, id="0", mkstream=True)
+            except ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+            self._groups.add(stream)
+        return stream
+
+    async def ping(self) -> bool:
+        try:
+            return bool(await self.r.ping())
+        except (RedisError, OSError):
+            return False
+
+    async def enqueue(self, items: Iterable[WorkItem], record: tuple[str, dict, float] | None = None) -> None:
+        """Queue items atomically, with the request's record (id, JSON, ttl) in the same transaction."""
+        try:
+            pipe = self.r.pipeline(transaction=True)
+            for item in items:
+                stream = await self._ensure_group(item.level)
+                pipe.xadd(stream, {"item": json.dumps(item.to_dict())})
+            if record is not None:
+                rid, data, ttl = record
+                pipe.set(self.keys.request(rid), json.dumps(data), px=int(ttl * 1000))
+            await pipe.execute()
+        except ResponseError as exc:
+            if "NOGROUP" in str(exc):
+                self._groups.clear()
+            raise QueueUnavailable(f"redis: {exc}") from exc
+        except (RedisError, OSError) as exc:
+            self._groups.clear()
+            raise QueueUnavailable(f"redis unavailable: {exc}") from exc
+
+    async def _do(self, coro):
+        try:
+            return await coro
+        except (RedisError, OSError) as exc:
+            raise QueueUnavailable(f"redis unavailable: {exc}") from exc
+
+    async def fetch_results(self, request_ids: list[str]) -> dict[str, WorkResult]:
+        if not request_ids:
+            return {}
+        raws = await self._do(self.r.mget([self.keys.result(r) for r in request_ids]))
+        return {rid: WorkResult.from_dict(json.loads(raw)) for rid, raw in zip(request_ids, raws, strict=True) if raw}
+
+    async def read_done(self, last_id: str, block_ms: int = 1000) -> tuple[str, list[str]]:
+        res = await self._do(self.listen_r.xread({self.keys.done: last_id}, count=1000, block=block_ms))
+        ids: list[str] = []
+        for _stream, entries in res or []:
+            for entry_id, fields in entries:
+                last_id = _decode(entry_id)
+                ids.append(_decode(fields.get(b"id") or fields.get("id")))
+        return last_id, ids
+
+    async def last_done_id(self) -> str:
+        rows = await self._do(self.r.xrevrange(self.keys.done, count=1))
+        return _decode(rows[0][0]) if rows else "0-0"
+
+    async def get_record(self, request_id: str) -> dict | None:
+        raw = await self._do(self.r.get(self.keys.request(request_id)))
+        return None if raw is None else json.loads(raw)
+
+    async def put_image(self, image_id: str, png: bytes, ttl_s: float) -> None:
+        await self._do(self.r.set(self.keys.image(image_id), png, px=int(ttl_s * 1000)))
+
+    async def get_image(self, image_id: str) -> bytes | None:
+        return await self._do(self.r.get(self.keys.image(image_id)))
+
+    async def read_plan(self) -> dict | None:
+        raw = await self._do(self.r.get(self.keys.plan))
+        return None if raw is None else json.loads(raw)
+
+    async def close(self) -> None:
+        for client in (self.r, self.listen_r):
+            with contextlib.suppress(RedisError, OSError):
+                await client.aclose()

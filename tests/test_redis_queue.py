@@ -1,0 +1,97 @@
+"""RedisWorkQueue against a real redis-server: delivery, ack, re-queue of a dead consumer,
+migration between levels, results with expiry, plan and heartbeats."""
+
+from __future__ import annotations
+
+import pytest
+
+from argusdiff.service.errors import QueueUnavailable
+from argusdiff.service.redis_queue import RedisWorkQueue
+from workers.executor import WorkItem, WorkResult
+
+pytestmark = pytest.mark.integration
+
+
+def _item(i: int, level: str = "a") -> WorkItem:
+    return WorkItem(request_id=f"r{i}", prompt=f"prompt {i}", level=level, seed=i)
+
+
+def test_put_get_ack_fifo(redis_server):
+    q = RedisWorkQueue(redis_server.url, namespace="t1", consumer="w1")
+    for i in range(3):
+        q.put("a", _item(i))
+    assert q.qsize("a") == 3
+    got = q.get("a", timeout=0.1)
+    assert got is not None and got.request_id == "r0" and got.receipt.startswith("a|")
+    assert got.enqueue_s > 0
+    assert q.qsize("a") == 2 and q.pending("a") == 1
+    q.result("r0", WorkResult(request_id="r0", level="a", image_png=b"png"))
+    q.ack(got)
+    assert q.pending("a") == 0
+    assert q.wait_result("r0", timeout=1).image_png == b"png"
+    assert [q.get("a", timeout=0.1).request_id for _ in range(2)] == ["r1", "r2"]
+    assert q.get("a", timeout=0.05) is None
+
+
+def test_dead_consumer_entries_are_requeued(redis_server):
+    dead = RedisWorkQueue(redis_server.url, namespace="t2", consumer="dead")
+    alive = RedisWorkQueue(redis_server.url, namespace="t2", consumer="alive")
+    control = RedisWorkQueue(redis_server.url, namespace="t2", consumer="control")
+    for i in range(4):
+        control.put("a", _item(i))
+    taken = [dead.get("a", timeout=0.1) for _ in range(2)]
+    assert all(taken)
+    assert control.pending_by_consumer("a") == {"dead": 2}
+    assert control.requeue_consumer("a", "dead") == 2
+    assert control.pending("a") == 0
+    ids = []
+    while (item := alive.get("a", timeout=0.05)) is not None:
+        ids.append((item.request_id, item.attempt))
+        alive.ack(item)
+    assert sorted(ids) == [("r0", 1), ("r1", 1), ("r2", 0), ("r3", 0)]
+
+
+def test_autoclaim_of_long_idle_entries(redis_server):
+    dead = RedisWorkQueue(redis_server.url, namespace="t3", consumer="dead")
+    other = RedisWorkQueue(redis_server.url, namespace="t3", consumer="other", claim_idle_s=0.0)
+    dead.put("a", _item(0))
+    assert dead.get("a", timeout=0.1) is not None
+    got = other.get("a", timeout=0.1)
+    assert got is not None and got.request_id == "r0" and got.attempt == 1
+    other.ack(got)
+    assert other.pending("a") == 0
+
+
+def test_nack_and_migrate(redis_server):
+    q = RedisWorkQueue(redis_server.url, namespace="t4", consumer="w")
+    q.put("a", _item(0))
+    q.put("a", _item(1))
+    got = q.get("a", timeout=0.1)
+    q.nack(got)
+    assert q.pending("a") == 0 and q.qsize("a") == 2
+    assert q.migrate("a", "b") == 2
+    assert q.qsize("a") == 0 and q.qsize("b") == 2
+    moved = q.get("b", timeout=0.1)
+    assert moved.level == "b" and moved.meta["migrated_from"] == "a"
+
+
+def test_plan_and_heartbeats(redis_server):
+    q = RedisWorkQueue(redis_server.url, namespace="t5", consumer="w")
+    assert q.read_plan() is None
+    q.publish_plan({"version": 3, "assignment": {"w": "a"}})
+    assert q.read_plan()["version"] == 3
+    q.beat("w1", {"level": "a"}, ttl_s=10)
+    q.beat("w2", {"level": None}, ttl_s=0.001)
+    import time
+
+    time.sleep(0.01)
+    alive, dead = q.heartbeats()
+    assert set(alive) == {"w1"} and alive["w1"]["level"] == "a" and dead == {"w2"}
+
+
+def test_unreachable_redis_raises_queue_unavailable(redis_server):
+    q = RedisWorkQueue(redis_server.url, namespace="t6", consumer="w", socket_timeout_s=0.5)
+    redis_server.stop()
+    with pytest.raises(QueueUnavailable):
+        q.put("a", _item(0))
+    assert not q.ping()
