@@ -236,6 +236,7 @@ class LoadedModel:
     device: str
     dtype: str
     load_s: float
+    extras: dict[str, Any] = field(default_factory=dict)  # derived pipelines sharing the components
 
 
 class ModelRegistry:
@@ -356,13 +357,16 @@ class ModelRegistry:
     def _load_pipeline(self, spec: ModelSpec) -> Any:
         import diffusers
         import torch
+        import transformers
 
+        diffusers.utils.logging.disable_progress_bar()
+        transformers.utils.logging.disable_progress_bar()
         dtype_name = self.torch_dtype_name()
         dtype = getattr(torch, dtype_name)
         device = self.device
         pipe_cls = diffusers.StableDiffusionXLPipeline if spec.family == "sdxl" else diffusers.StableDiffusionPipeline
         path = self.local_path(spec)
-        kwargs: dict[str, Any] = {"torch_dtype": dtype}
+        kwargs: dict[str, Any] = {"dtype": dtype}
         if spec.variant and dtype_name == "float16" and not Path(path).exists():
             kwargs["variant"] = spec.variant
         if spec.family == "sd":

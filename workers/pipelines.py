@@ -1,0 +1,362 @@
+"""Diffusion mechanics shared by the executors: generate (with latent capture after K steps),
+resume from a latent at step K, decode, and PNG encoding. Torch/diffusers are imported by the
+caller's first use of this module (it is only imported lazily by executors).
+
+Approximate caching (NIRVANA, ARGUS §4.5) needs a trajectory captured after K of N steps to be
+continued exactly. That holds for first-order deterministic schedulers (DDIM with eta = 0,
+Euler): the state after step K is the latent alone. Ancestral/SDE schedulers draw fresh noise
+per step and multistep ones keep a history, so :func:`check_resumable` refuses them.
+
+* **capture**: ``callback_on_step_end`` at step index K-1 copies the latents after K steps.
+* **resume, SD-XL**: ``StableDiffusionXLImg2ImgPipeline(**base.components)`` with the latent as
+  ``image`` and ``denoising_start = K/N`` (no re-noising; the pipeline cuts the schedule at the
+  same timestep the full run reached); the number of remaining steps is checked to be N−K.
+* **resume, SD-1.x/2.x**: the same loop as ``StableDiffusionPipeline`` driven from
+  ``timesteps[K*order:]``.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from workers.errors import LatentMismatch, UnsupportedScheduler
+from workers.registry import AC_SCHEDULERS, LoadedModel
+
+__all__ = [
+    "Generation",
+    "UnetCounter",
+    "check_resumable",
+    "decode",
+    "default_seed",
+    "generate",
+    "latent_shape",
+    "refine_from_latent",
+    "resume",
+    "to_png",
+]
+
+
+@dataclass(slots=True)
+class Generation:
+    """Output of one batched run: final latents, decoded images, captured latents and costs."""
+
+    latents: torch.Tensor
+    images: list[Any] = field(default_factory=list)  # PIL images (empty when decode=False)
+    captured: dict[int, torch.Tensor] = field(default_factory=dict)  # K -> latents after K steps
+    unet_calls: int = 0
+    denoise_s: float = 0.0
+    decode_s: float = 0.0
+
+
+class UnetCounter:
+    """Counts forward calls of a pipeline's denoising network (one per step, CFG included)."""
+
+    def __init__(self, pipe: Any) -> None:
+        self.calls = 0
+        self._handle = pipe.unet.register_forward_pre_hook(self._hook)
+
+    def _hook(self, *_: Any) -> None:
+        self.calls += 1
+
+    def close(self) -> None:
+        self._handle.remove()
+
+    def __enter__(self) -> UnetCounter:
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self.close()
+
+
+def default_seed(request_id: str) -> int:
+    """A stable seed for a request that did not choose one."""
+    return zlib.crc32(request_id.encode("utf-8")) & 0x7FFFFFFF
+
+
+def check_resumable(model: LoadedModel) -> str:
+    """The scheduler class name if ``model`` can capture/resume exactly, else a clear error."""
+    sched = model.pipe.scheduler
+    name = type(sched).__name__
+    if name not in AC_SCHEDULERS:
+        raise UnsupportedScheduler(
+            f"model {model.spec.name!r}: scheduler {name} cannot resume from a cached latent exactly; "
+            f"approximate caching needs one of {', '.join(sorted(AC_SCHEDULERS))} "
+            "(set the model's 'scheduler' in [workers.models])"
+        )
+    if getattr(sched.config, "prediction_type", "epsilon") not in ("epsilon", "v_prediction", "sample"):
+        raise UnsupportedScheduler(f"model {model.spec.name!r}: unsupported prediction type")
+    return name
+
+
+def latent_shape(model: LoadedModel, batch: int = 1) -> tuple[int, ...]:
+    pipe = model.pipe
+    f = pipe.vae_scale_factor
+    return (batch, pipe.unet.config.in_channels, model.spec.height // f, model.spec.width // f)
+
+
+def _generators(model: LoadedModel, seeds: Sequence[int]) -> list[torch.Generator]:
+    device = "cpu" if not model.device.startswith("cuda") else model.device
+    return [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
+
+
+def _sync(model: LoadedModel) -> None:
+    if model.device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def decode(model: LoadedModel, latents: torch.Tensor) -> list[Any]:
+    """Latents → PIL images with the model's VAE (fp16 SD-XL VAEs are upcast as the pipeline does)."""
+    pipe = model.pipe
+    vae = pipe.vae
+    with torch.inference_mode():
+        upcast = vae.dtype == torch.float16 and bool(getattr(vae.config, "force_upcast", False))
+        if upcast:
+            vae.to(dtype=torch.float32)
+        lat = latents.to(device=vae.device, dtype=vae.dtype)
+        mean = getattr(vae.config, "latents_mean", None)
+        std = getattr(vae.config, "latents_std", None)
+        if mean is not None and std is not None:
+            m = torch.tensor(mean).view(1, -1, 1, 1).to(lat.device, lat.dtype)
+            s = torch.tensor(std).view(1, -1, 1, 1).to(lat.device, lat.dtype)
+            lat = lat * s / vae.config.scaling_factor + m
+        else:
+            lat = lat / vae.config.scaling_factor
+        image = vae.decode(lat, return_dict=False)[0]
+        if upcast:
+            vae.to(dtype=torch.float16)
+        return pipe.image_processor.postprocess(image, output_type="pil")
+
+
+def generate(
+    model: LoadedModel,
+    prompts: Sequence[str],
+    seeds: Sequence[int],
+    *,
+    steps: int | None = None,
+    guidance: float | None = None,
+    capture: Sequence[int] = (),
+    decode_images: bool = True,
+) -> Generation:
+    """Run all N steps for a batch; with ``capture``, keep the latents after each K in it."""
+    spec = model.spec
+    n = steps or spec.steps
+    ks = sorted({int(k) for k in capture if 0 < int(k) < n})
+    if ks:
+        check_resumable(model)
+    captured: dict[int, torch.Tensor] = {}
+
+    def on_step_end(pipe: Any, i: int, t: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+        done = i + 1
+        if done in ks:
+            captured[done] = kwargs["latents"].detach().clone()
+        return kwargs
+
+    pipe = model.pipe
+    with UnetCounter(pipe) as counter, torch.inference_mode():
+        t0 = time.perf_counter()
+        out = pipe(
+            list(prompts),
+            num_inference_steps=n,
+            guidance_scale=spec.guidance if guidance is None else guidance,
+            height=spec.height,
+            width=spec.width,
+            generator=_generators(model, seeds),
+            output_type="latent",
+            callback_on_step_end=on_step_end if ks else None,
+            callback_on_step_end_tensor_inputs=["latents"],
+        )
+        latents = out.images
+        _sync(model)
+        denoise_s = time.perf_counter() - t0
+    gen = Generation(latents=latents, captured=captured, unet_calls=counter.calls, denoise_s=denoise_s)
+    if decode_images:
+        t1 = time.perf_counter()
+        gen.images = decode(model, latents)
+        gen.decode_s = time.perf_counter() - t1
+    return gen
+
+
+def _as_latents(model: LoadedModel, latents: torch.Tensor | np.ndarray | Sequence[np.ndarray]) -> torch.Tensor:
+    if isinstance(latents, torch.Tensor):
+        lat = latents
+    elif isinstance(latents, np.ndarray):
+        lat = torch.from_numpy(np.ascontiguousarray(latents))
+    else:
+        lat = torch.from_numpy(np.stack([np.asarray(a).reshape(np.asarray(a).shape[-3:]) for a in latents]))
+    if lat.dim() == 3:
+        lat = lat.unsqueeze(0)
+    expected = latent_shape(model, lat.shape[0])
+    if tuple(lat.shape) != expected:
+        raise LatentMismatch(f"model {model.spec.name!r}: latent shape {tuple(lat.shape)} != expected {expected}")
+    return lat.to(device=model.pipe.unet.device, dtype=model.pipe.unet.dtype)
+
+
+def _sdxl_img2img(model: LoadedModel) -> Any:
+    cached = model.extras.get("img2img")
+    if cached is None:
+        from diffusers import StableDiffusionXLImg2ImgPipeline
+
+        cached = StableDiffusionXLImg2ImgPipeline(**model.pipe.components)
+        cached.set_progress_bar_config(disable=True)
+        model.extras["img2img"] = cached
+    return cached
+
+
+def _resume_sd(
+    model: LoadedModel, prompts: Sequence[str], latents: torch.Tensor, k: int, n: int, guidance: float, gens: list
+) -> torch.Tensor:
+    pipe = model.pipe
+    sched = pipe.scheduler
+    device = pipe._execution_device
+    if pipe.unet.config.time_cond_proj_dim is not None:
+        raise UnsupportedScheduler(f"model {model.spec.name!r}: guidance-embedded UNets cannot resume")
+    do_cfg = guidance > 1
+    prompt_embeds, negative = pipe.encode_prompt(list(prompts), device, 1, do_cfg, None)
+    if do_cfg:
+        prompt_embeds = torch.cat([negative, prompt_embeds])
+    sched.set_timesteps(n, device=device)
+    start = k * sched.order
+    timesteps = sched.timesteps[start:]
+    if hasattr(sched, "set_begin_index"):
+        sched.set_begin_index(start)
+    extra = pipe.prepare_extra_step_kwargs(gens, 0.0)
+    for t in timesteps:
+        model_in = torch.cat([latents] * 2) if do_cfg else latents
+        model_in = sched.scale_model_input(model_in, t)
+        noise_pred = pipe.unet(
+            model_in,
+            t,
+            encoder_hidden_states=prompt_embeds,
+            timestep_cond=None,
+            cross_attention_kwargs=None,
+            added_cond_kwargs=None,
+            return_dict=False,
+        )[0]
+        if do_cfg:
+            uncond, text = noise_pred.chunk(2)
+            noise_pred = uncond + guidance * (text - uncond)
+        latents = sched.step(noise_pred, t, latents, **extra, return_dict=False)[0]
+    return latents
+
+
+def resume(
+    model: LoadedModel,
+    prompts: Sequence[str],
+    latents: torch.Tensor | np.ndarray | Sequence[np.ndarray],
+    k: int,
+    seeds: Sequence[int],
+    *,
+    steps: int | None = None,
+    guidance: float | None = None,
+    decode_images: bool = True,
+) -> Generation:
+    """Continue latents captured after ``k`` of N steps for ``prompts``: runs exactly N−K steps."""
+    spec = model.spec
+    n = steps or spec.steps
+    if not 0 < k < n:
+        raise ValueError(f"resume needs 0 < K < N, got K={k}, N={n}")
+    check_resumable(model)
+    lat = _as_latents(model, latents)
+    if lat.shape[0] != len(prompts):
+        raise LatentMismatch(f"{lat.shape[0]} latents for {len(prompts)} prompts")
+    g = spec.guidance if guidance is None else guidance
+    gens = _generators(model, seeds)
+    with UnetCounter(model.pipe) as counter, torch.inference_mode():
+        t0 = time.perf_counter()
+        if spec.family == "sdxl":
+            img2img = _sdxl_img2img(model)
+            img2img.scheduler.set_timesteps(n)
+            start = k / n
+            cutoff = int(round(img2img.scheduler.config.num_train_timesteps * (1 - start)))
+            remaining = int((img2img.scheduler.timesteps < cutoff).sum().item())
+            if remaining != n - k:
+                raise UnsupportedScheduler(
+                    f"model {spec.name!r}: the scheduler's timesteps do not split at K={k} of N={n} "
+                    f"({remaining} steps would remain); use timestep_spacing 'leading' or 'trailing'"
+                )
+            out = img2img(
+                list(prompts),
+                image=lat,
+                num_inference_steps=n,
+                denoising_start=start,
+                guidance_scale=g,
+                generator=gens,
+                output_type="latent",
+            )
+            final = out.images
+        else:
+            final = _resume_sd(model, prompts, lat, k, n, g, gens)
+        _sync(model)
+        denoise_s = time.perf_counter() - t0
+    gen = Generation(latents=final, unet_calls=counter.calls, denoise_s=denoise_s)
+    if decode_images:
+        t1 = time.perf_counter()
+        gen.images = decode(model, final)
+        gen.decode_s = time.perf_counter() - t1
+    return gen
+
+
+def refine_from_latent(
+    model: LoadedModel,
+    prompts: Sequence[str],
+    latents: torch.Tensor,
+    seeds: Sequence[int],
+    *,
+    strength: float,
+    steps: int | None = None,
+    guidance: float | None = None,
+) -> Generation:
+    """SDEdit-style: re-noise a finished latent (e.g. a light model's) to ``strength`` and denoise
+    it with this model for about ``strength × N`` steps. Both models must share a latent space."""
+    if not 0 < strength <= 1:
+        raise ValueError(f"strength must be in (0, 1], got {strength}")
+    spec = model.spec
+    n = steps or spec.steps
+    lat = _as_latents(model, latents)
+    pipe_cls_name = "StableDiffusionXLImg2ImgPipeline" if spec.family == "sdxl" else "StableDiffusionImg2ImgPipeline"
+    key = f"refine:{pipe_cls_name}"
+    pipe = model.extras.get(key)
+    if pipe is None:
+        import diffusers
+
+        cls = getattr(diffusers, pipe_cls_name)
+        comps = dict(model.pipe.components)
+        if spec.family == "sd":
+            comps.setdefault("safety_checker", None)
+            comps.setdefault("feature_extractor", None)
+            comps["requires_safety_checker"] = False
+        pipe = cls(**comps)
+        pipe.set_progress_bar_config(disable=True)
+        model.extras[key] = pipe
+    with UnetCounter(model.pipe) as counter, torch.inference_mode():
+        t0 = time.perf_counter()
+        out = pipe(
+            list(prompts),
+            image=lat,
+            strength=strength,
+            num_inference_steps=n,
+            guidance_scale=spec.guidance if guidance is None else guidance,
+            generator=_generators(model, seeds),
+            output_type="latent",
+        )
+        _sync(model)
+        denoise_s = time.perf_counter() - t0
+    gen = Generation(latents=out.images, unet_calls=counter.calls, denoise_s=denoise_s)
+    t1 = time.perf_counter()
+    gen.images = decode(model, gen.latents)
+    gen.decode_s = time.perf_counter() - t1
+    return gen
+
+
+def to_png(image: Any) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return buf.getvalue()
