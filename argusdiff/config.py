@@ -44,6 +44,9 @@ class PredictorConfig(_Section):
 
     ewma_alpha: float = Field(0.5, gt=0, le=1, description="weight of the newest period in the demand EWMA")
     affinity_window: int = Field(1000, ge=1, description="classified prompts in the affinity histogram H")
+    demand_window: int | None = Field(
+        None, ge=1, description="periods the demand EWMA looks back over (None: unbounded recursion)"
+    )
 
 
 # --- One section per subsystem. Each subsystem edits only its own class below. -----------------
@@ -122,6 +125,27 @@ class WorkersConfig(_Section):
 
 class ClassifierConfig(_Section):
     """Prompt-level classifier, discriminator and scorers (``[classifier]``)."""
+
+    models: dict[str, str] = Field(
+        default_factory=dict, description="strategy ('ac', 'sm') -> saved level-classifier directory"
+    )
+    backbone: str | None = Field(None, description="transformers id or folder; None: the packaged MiniLM BERT")
+    mode: Literal["head", "full"] = Field("head", description="train a head on a frozen encoder, or fine-tune all")
+    ratio: float = Field(0.9, gt=0, le=1, description="optimal level = fastest with quality >= ratio x best")
+    max_length: int = Field(128, ge=2, le=512, description="prompts are truncated at this many word pieces")
+    empty_prompt: Literal["best", "error"] = Field("best", description="empty prompt -> best level, or an error")
+    max_batch: int = Field(32, ge=1, description="live router: largest classification batch")
+    max_wait_s: float = Field(0.005, ge=0, description="live router: longest wait to fill a batch")
+    discriminator: str | None = Field(None, description="saved discriminator directory (cascades)")
+    discriminator_variant: str = Field("tf_efficientnetv2_b0", description="timm model name")
+    discriminator_image_size: int = Field(224, ge=16, description="discriminator input size (px)")
+    scorer_metric: Literal["pickscore", "clipscore"] = "pickscore"
+    scorer_model: str = Field("ViT-H-14", description="open_clip architecture name or model-config JSON path")
+    scorer_pretrained: str | None = Field(None, description="weights file or open_clip pretrained tag")
+    drift_window: int = Field(500, ge=1, description="served requests per drift-monitor window")
+    drift_history: int = Field(5, ge=1, description="earlier windows in the moving average")
+    drift_tolerance: float = Field(0.02, ge=0, description="relative drop of the window median that flags drift")
+    drift_min_samples: int = Field(500, ge=2, description="labelled samples needed before a retrain")
 
 
 class ReplayConfig(_Section):
