@@ -1,0 +1,498 @@
+"""Allocation: how many workers run each approximation level, and what share of the load each
+level serves (ARGUS §4.2, Eq. 1).
+
+::
+
+    maximize  sum_v Q_v * F(v)
+    s.t.      F(v) = sum_w x[v,w] * y_w,   sum_w y_w = W_t,
+              y_w <= sum_v P_th(v) * x[v,w],   sum_v x[v,w] <= 1,   x binary
+
+Three formulations give the same optimal quality (a property test checks it):
+
+* ``paper``: Eq. 1 as written, binary x per worker and level, continuous y per worker; the
+  product x*y is linearised with z[v,w] = x[v,w]*y_w (z <= P_th(v) x, sum_v z = y).
+* ``aggregated``: one integer count n_v per level and a continuous load l_v <= n_v * P_th(v);
+  its size does not grow with the cluster.
+* ``exact``: branch and bound on the aggregated counts with a closed-form LP bound
+  (:mod:`solver.exact`); no model build, the fast path for the control loop.
+
+On top of the optimum:
+
+* **Saturation**: when the demand exceeds what every worker at the fastest level can serve, the
+  plan is the maximum-throughput plan with ``saturated=True`` and ``shortfall_qpm``; solver
+  failures never reach the caller (the exact path answers when a MILP backend fails).
+* **Switch cost**: with the current assignment, among plans within ``switch_tolerance``
+  (relative) of the best quality the one that moves the fewest workers, weighted by model load
+  time (:func:`solver.exact.switch_cost`), is chosen; ``moved_workers`` reports the moves.
+* **Failures**: ``current`` may name workers that are gone; only the workers passed in are
+  planned for, keeping as many of them as possible where they are.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from argusdiff.domain import ApproxLevel
+from argusdiff.errors import ConfigError
+from solver.backends import check_backend, solve_milp
+from solver.exact import EPS, ExactSolver, LevelData, NodeLimit, greedy_loads, switch_cost
+
+__all__ = ["FORMULATIONS", "Allocation", "allocate", "level_data", "worker_ids"]
+
+FORMULATIONS = ("paper", "aggregated", "exact")
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """One solved allocation. Tuples are in the order of the levels passed to :func:`allocate`."""
+
+    levels: tuple[str, ...]
+    counts: tuple[int, ...]  # workers per level
+    share: tuple[float, ...]  # F(v): share of the load each level serves (sums to 1)
+    loads_qpm: tuple[float, ...]  # load each level serves (QPM)
+    assignment: dict[str, str | None]  # worker id -> level id
+    demand_qpm: float  # the demand asked for (before the margin)
+    capacity_qpm: float  # sum of peak throughput of the assigned workers
+    expected_quality: float  # load-weighted mean relative quality, sum_v F(v) * Q_v
+    saturated: bool = False
+    shortfall_qpm: float = 0.0
+    moved_workers: int = 0
+    switch_cost: float = 0.0  # 1 per moved worker + model load seconds
+    solve_s: float = 0.0
+    backend: str = "exact"  # "exact", "highs" or "gurobi" (the one that produced the counts)
+    formulation: str = "exact"
+    notes: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict:
+        return {
+            "levels": list(self.levels),
+            "counts": list(self.counts),
+            "share": list(self.share),
+            "loads_qpm": list(self.loads_qpm),
+            "assignment": dict(self.assignment),
+            "demand_qpm": self.demand_qpm,
+            "capacity_qpm": self.capacity_qpm,
+            "expected_quality": self.expected_quality,
+            "saturated": self.saturated,
+            "shortfall_qpm": self.shortfall_qpm,
+            "moved_workers": self.moved_workers,
+            "switch_cost": self.switch_cost,
+            "solve_s": self.solve_s,
+            "backend": self.backend,
+            "formulation": self.formulation,
+            "notes": list(self.notes),
+        }
+
+
+def level_data(levels: Sequence[ApproxLevel]) -> LevelData:
+    return LevelData(
+        quality=tuple(float(lv.quality) for lv in levels),
+        peak=tuple(float(lv.peak_qpm) for lv in levels),
+        load_time=tuple(float(lv.load_time_s) for lv in levels),
+        model=tuple(lv.model for lv in levels),
+    )
+
+
+def worker_ids(workers: int | Sequence[str]) -> list[str]:
+    if isinstance(workers, bool) or not isinstance(workers, int | Sequence) or isinstance(workers, str):
+        raise ConfigError(f"workers: expected a count or a list of worker ids, got {workers!r}")
+    if isinstance(workers, int):
+        if workers < 0:
+            raise ConfigError(f"workers: must be >= 0, got {workers}")
+        return [f"w{i}" for i in range(workers)]
+    ids = [str(w) for w in workers]
+    if len(set(ids)) != len(ids):
+        raise ConfigError("workers: duplicate worker ids")
+    return ids
+
+
+def _validate(levels: Sequence[ApproxLevel], demand_qpm: float, formulation: str, margin: float,
+              switch_tolerance: float, time_limit_s: float) -> None:
+    if not levels:
+        raise ConfigError("levels: at least one approximation level is required")
+    ids = [lv.id for lv in levels]
+    if len(set(ids)) != len(ids):
+        raise ConfigError(f"levels: duplicate level ids in {ids}")
+    for lv in levels:
+        if not (lv.peak_qpm > 0 and math.isfinite(lv.peak_qpm)):
+            raise ConfigError(f"level {lv.id!r}: peak throughput must be > 0 QPM, got {lv.peak_qpm}")
+        if not (0.0 <= lv.quality <= 1.0):
+            raise ConfigError(f"level {lv.id!r}: quality must be in [0, 1], got {lv.quality}")
+    if not (math.isfinite(demand_qpm) and demand_qpm >= 0):
+        raise ConfigError(f"demand_qpm: must be a finite number >= 0, got {demand_qpm}")
+    if formulation not in FORMULATIONS:
+        raise ConfigError(f"formulation: unknown value {formulation!r}; choose one of {', '.join(FORMULATIONS)}")
+    if not (math.isfinite(margin) and margin >= 1.0):
+        raise ConfigError(f"margin: must be >= 1, got {margin}")
+    if not (0.0 <= switch_tolerance <= 1.0):
+        raise ConfigError(f"switch_tolerance: must be in [0, 1], got {switch_tolerance}")
+    if not time_limit_s > 0:
+        raise ConfigError(f"time_limit_s: must be > 0, got {time_limit_s}")
+
+
+# --- MILP formulations ---------------------------------------------------------------------------
+
+
+def _milp_aggregated(data: LevelData, W: int, D: float, backend: str, time_limit_s: float,
+                     cur: Sequence[int] | None = None, threshold: float | None = None):
+    """Aggregated MILP. With ``cur``/``threshold``: minimise switch cost s.t. value >= threshold.
+
+    Columns: n_v (int), l_v (cont) [, d_v >= n_v - cur_v, e_m >= N_m - C_m].
+    """
+    L = len(data)
+    q = np.array(data.quality)
+    P = np.array(data.peak)
+    models = sorted(set(data.model))
+    sw = cur is not None
+    n_cols = 2 * L + ((L + len(models)) if sw else 0)
+    rows: list[np.ndarray] = []
+    lo: list[float] = []
+    hi: list[float] = []
+
+    def row() -> np.ndarray:
+        return np.zeros(n_cols)
+
+    r = row()
+    r[L:2 * L] = 1.0
+    rows.append(r), lo.append(D), hi.append(D)  # sum l = D
+    r = row()
+    r[:L] = 1.0
+    rows.append(r), lo.append(-np.inf), hi.append(W)  # sum n <= W
+    for v in range(L):
+        r = row()
+        r[L + v] = 1.0
+        r[v] = -P[v]
+        rows.append(r), lo.append(-np.inf), hi.append(0.0)  # l_v <= P_v n_v
+    c = np.zeros(n_cols)
+    integ = np.zeros(n_cols, dtype=bool)
+    integ[:L] = True
+    col_lo = np.zeros(n_cols)
+    col_hi = np.full(n_cols, np.inf)
+    col_hi[:L] = W
+    if not sw:
+        c[L:2 * L] = q
+        sense = "max"
+    else:
+        assert threshold is not None
+        r = row()
+        r[L:2 * L] = q
+        rows.append(r), lo.append(threshold), hi.append(np.inf)
+        for v in range(L):
+            r = row()
+            r[2 * L + v] = 1.0
+            r[v] = -1.0
+            rows.append(r), lo.append(-float(cur[v])), hi.append(np.inf)  # d_v >= n_v - cur_v
+        for k, m in enumerate(models):
+            r = row()
+            r[2 * L + L + k] = 1.0
+            members = [v for v in range(L) if data.model[v] == m]
+            for v in members:
+                r[v] = -1.0
+            rows.append(r), lo.append(-float(sum(cur[v] for v in members))), hi.append(np.inf)
+            c[2 * L + L + k] = max(data.load_time[v] for v in members)
+        c[2 * L:3 * L] = 1.0
+        # a tiny preference for quality among equal-cost plans
+        c[L:2 * L] = -1e-7 * q / max(D, 1.0)
+        sense = "min"
+    A = np.vstack(rows)
+    res = solve_milp(c, A, np.array(lo), np.array(hi), col_lo, col_hi, integ, sense=sense,
+                     backend=backend, time_limit_s=time_limit_s)
+    if not res.ok:
+        return None, res
+    counts = [round(x) for x in res.x[:L]]
+    return counts, res
+
+
+def _milp_paper(data: LevelData, W: int, D: float, backend: str, time_limit_s: float,
+                cur_level: Sequence[int | None] | None = None, threshold: float | None = None):
+    """ARGUS Eq. 1 with binary x[v,w], continuous y_w and z[v,w] = x[v,w] * y_w.
+
+    Column layout: x (L*W, index v*W + w), y (W), z (L*W). With ``cur_level`` (each worker's
+    current level index or None) and ``threshold``: minimise the switch cost of the assignment
+    (1 per worker leaving its level + load time when the model changes) s.t. quality >= threshold.
+    """
+    from scipy import sparse
+
+    L = len(data)
+    q = np.array(data.quality)
+    P = np.array(data.peak)
+    nx = L * W
+    n_cols = 2 * nx + W
+    xi = lambda v, w: v * W + w  # noqa: E731
+    yi = lambda w: nx + w  # noqa: E731
+    zi = lambda v, w: nx + W + v * W + w  # noqa: E731
+    r_idx: list[int] = []
+    c_idx: list[int] = []
+    vals: list[float] = []
+    lo: list[float] = []
+    hi: list[float] = []
+    row = 0
+
+    def add(cols, coefs, lo_v, hi_v):
+        nonlocal row
+        r_idx.extend([row] * len(cols))
+        c_idx.extend(cols)
+        vals.extend(coefs)
+        lo.append(lo_v)
+        hi.append(hi_v)
+        row += 1
+
+    add([yi(w) for w in range(W)], [1.0] * W, D, D)  # sum_w y_w = W_t
+    for w in range(W):
+        add([yi(w)] + [xi(v, w) for v in range(L)], [1.0] + [-P[v] for v in range(L)], -np.inf, 0.0)
+        add([xi(v, w) for v in range(L)], [1.0] * L, -np.inf, 1.0)
+        add([zi(v, w) for v in range(L)] + [yi(w)], [1.0] * L + [-1.0], 0.0, 0.0)  # sum_v z = y
+        for v in range(L):
+            add([zi(v, w), xi(v, w)], [1.0, -P[v]], -np.inf, 0.0)  # z <= P x
+    c = np.zeros(n_cols)
+    if threshold is None:
+        for v in range(L):
+            for w in range(W):
+                c[zi(v, w)] = q[v]
+        sense = "max"
+    else:
+        assert cur_level is not None
+        add([zi(v, w) for v in range(L) for w in range(W)], [q[v] for v in range(L) for w in range(W)],
+            threshold, np.inf)
+        for w in range(W):
+            cv = cur_level[w]
+            for v in range(L):
+                if cv is None or v != cv:
+                    extra = data.load_time[v] if cv is None or data.model[v] != data.model[cv] else 0.0
+                    c[xi(v, w)] = 1.0 + extra
+        sense = "min"
+    A = sparse.csr_matrix((vals, (r_idx, c_idx)), shape=(row, n_cols))
+    integ = np.zeros(n_cols, dtype=bool)
+    integ[:nx] = True
+    col_lo = np.zeros(n_cols)
+    col_hi = np.full(n_cols, np.inf)
+    col_hi[:nx] = 1.0
+    res = solve_milp(c, A, np.array(lo), np.array(hi), col_lo, col_hi, integ, sense=sense,
+                     backend=backend, time_limit_s=time_limit_s)
+    if not res.ok:
+        return None, res
+    x = res.x[:nx].reshape(L, W)
+    per_worker: list[int | None] = []
+    for w in range(W):
+        col = x[:, w]
+        v = int(np.argmax(col))
+        per_worker.append(v if col[v] > 0.5 else None)
+    return per_worker, res
+
+
+# --- assignment ----------------------------------------------------------------------------------
+
+
+def _assign(ids: Sequence[str], data: LevelData, level_ids: Sequence[str], counts: Sequence[int],
+            current_idx: Mapping[str, int | None]) -> dict[str, str | None]:
+    """Worker ids for given counts: keep workers where they are, move same-model first."""
+    L = len(data)
+    out: dict[str, str | None] = {}
+    need = list(counts)
+    free: list[str] = []
+    for w in ids:
+        v = current_idx.get(w)
+        if v is not None and need[v] > 0:
+            out[w] = level_ids[v]
+            need[v] -= 1
+        else:
+            free.append(w)
+    # same model first
+    for v in range(L):
+        if need[v] <= 0:
+            continue
+        for w in list(free):
+            if need[v] <= 0:
+                break
+            cv = current_idx.get(w)
+            if cv is not None and data.model[cv] == data.model[v]:
+                out[w] = level_ids[v]
+                free.remove(w)
+                need[v] -= 1
+    for v in range(L):
+        while need[v] > 0 and free:
+            out[free.pop(0)] = level_ids[v]
+            need[v] -= 1
+    for w in free:  # only when counts sum to fewer than the workers (never for allocate's plans)
+        out[w] = None
+    return {w: out[w] for w in ids}
+
+
+# --- entry point ---------------------------------------------------------------------------------
+
+
+def allocate(
+    levels: Sequence[ApproxLevel],
+    workers: int | Sequence[str],
+    demand_qpm: float,
+    *,
+    current: Mapping[str, str | None] | None = None,
+    formulation: str = "aggregated",
+    backend: str = "auto",
+    switch_tolerance: float = 0.005,
+    margin: float = 1.0,
+    time_limit_s: float = 5.0,
+) -> Allocation:
+    """Solve ARGUS Eq. 1 for ``workers`` and ``demand_qpm`` (× ``margin``). See the module doc."""
+    t0 = time.perf_counter()
+    _validate(levels, demand_qpm, formulation, margin, switch_tolerance, time_limit_s)
+    check_backend(backend)
+    ids = worker_ids(workers)
+    W = len(ids)
+    data = level_data(levels)
+    level_ids = [lv.id for lv in levels]
+    L = len(levels)
+    index = {lid: i for i, lid in enumerate(level_ids)}
+    current_idx: dict[str, int | None] = {}
+    notes: list[str] = []
+    if current:
+        unknown = sorted({lv for lv in current.values() if lv is not None and lv not in index})
+        if unknown:
+            raise ConfigError(f"current: unknown level id(s) {', '.join(unknown)}; levels: {', '.join(level_ids)}")
+        gone = [w for w in current if w not in set(ids)]
+        if gone:
+            notes.append(f"{len(gone)} worker(s) of the current plan are gone; re-planned on {W}")
+        current_idx = {w: (index[lv] if lv is not None else None) for w, lv in current.items() if w in set(ids)}
+    cur_counts = [0] * L
+    for v in current_idx.values():
+        if v is not None:
+            cur_counts[v] += 1
+
+    # Saturation: the most any plan can serve is every worker at the fastest level.
+    p_max = max(data.peak)
+    max_cap = W * p_max
+    want = demand_qpm * margin
+    saturated = demand_qpm > max_cap + EPS
+    shortfall = max(0.0, demand_qpm - max_cap)
+    if W == 0:
+        return _result(levels, ids, data, [0] * L, {}, demand_qpm, 0.0, demand_qpm > 0,
+                       shortfall, cur_counts, t0, "none", formulation,
+                       [*notes, "no workers: nothing can be served"])
+    if want > max_cap + EPS:
+        if not saturated:
+            notes.append(f"margin {margin:g} cannot be met: planning for the maximum capacity {max_cap:.1f} QPM")
+        else:
+            notes.append(f"saturated: demand {demand_qpm:.1f} QPM exceeds the maximum capacity {max_cap:.1f} QPM")
+        # maximum-throughput plan: every worker at the fastest level (best quality among ties)
+        fastest = max(range(L), key=lambda v: (data.peak[v], data.quality[v]))
+        counts = [0] * L
+        counts[fastest] = W
+        return _result(levels, ids, data, counts, current_idx, demand_qpm, min(want, max_cap), saturated,
+                       shortfall, cur_counts, t0, "exact", formulation, notes)
+
+    D = want
+    counts: list[int] | None = None
+    used_backend = "exact"
+    if formulation == "exact" or D <= EPS:
+        counts, used_backend = _solve_exact(data, W, D, cur_counts, current_idx, switch_tolerance, notes)
+    elif formulation == "aggregated":
+        got, res = _milp_aggregated(data, W, D, backend, time_limit_s)
+        if got is not None and current_idx and switch_tolerance >= 0:
+            _, best_val = greedy_loads(data, _fill(data, got, W), D)
+            thr = best_val - switch_tolerance * abs(best_val)
+            got2, res2 = _milp_aggregated(data, W, D, backend, time_limit_s, cur=cur_counts, threshold=thr)
+            if got2 is not None:
+                got, res = got2, res2
+        if got is None:
+            notes.append(f"{res.backend} returned {res.status} ({res.message}); answered by the exact solver")
+            counts, used_backend = _solve_exact(data, W, D, cur_counts, current_idx, switch_tolerance, notes)
+        else:
+            counts, used_backend = _fill(data, got, W), res.backend
+            if res.status == "time_limit":
+                notes.append(f"{res.backend} hit the {time_limit_s:g} s time limit; best plan found")
+    else:  # paper
+        got, res = _milp_paper(data, W, D, backend, time_limit_s)
+        if got is not None and current_idx:
+            cnt = [sum(1 for v in got if v == i) for i in range(L)]
+            _, best_val = greedy_loads(data, cnt, D)
+            thr = best_val - switch_tolerance * abs(best_val)
+            cur_level = [current_idx.get(w) for w in ids]
+            got2, res2 = _milp_paper(data, W, D, backend, time_limit_s, cur_level=cur_level, threshold=thr)
+            if got2 is not None:
+                got, res = got2, res2
+        if got is None:
+            notes.append(f"{res.backend} returned {res.status} ({res.message}); answered by the exact solver")
+            counts, used_backend = _solve_exact(data, W, D, cur_counts, current_idx, switch_tolerance, notes)
+        else:
+            cnt = [sum(1 for v in got if v == i) for i in range(L)]
+            counts, used_backend = _fill(data, cnt, W), res.backend
+            if res.status == "time_limit":
+                notes.append(f"{res.backend} hit the {time_limit_s:g} s time limit; best plan found")
+    return _result(levels, ids, data, counts, current_idx, demand_qpm, D, False, 0.0, cur_counts, t0,
+                   used_backend, formulation, notes)
+
+
+def _fill(data: LevelData, counts: Sequence[int], W: int) -> list[int]:
+    """Give workers a MILP left unassigned to the best-quality level (spare capacity at no cost)."""
+    out = list(counts)
+    spare = W - sum(out)
+    if spare > 0:
+        best = max(range(len(data)), key=lambda v: (data.quality[v], data.peak[v]))
+        out[best] += spare
+    return out
+
+
+def _solve_exact(data: LevelData, W: int, D: float, cur_counts: Sequence[int], current_idx, tol: float,
+                 notes: list[str]) -> tuple[list[int], str]:
+    solver = ExactSolver(data, W, D)
+    try:
+        got = solver.solve()
+    except NodeLimit:  # pragma: no cover - not reached on any tested instance
+        notes.append("exact search hit its node limit; answered by the aggregated MILP")
+        counts, res = _milp_aggregated(data, W, D, "highs", 30.0)
+        if counts is None:
+            raise RuntimeError(f"allocation failed: {res.message}") from None
+        return _fill(data, counts, W), res.backend
+    assert got is not None, "feasibility was checked before"
+    counts, value = got
+    if current_idx:
+        thr = value - tol * abs(value)
+        sw_counts, sw_value, _, _, complete = solver.solve_switch(cur_counts, thr)
+        if sw_counts and sw_value >= thr - EPS * max(1.0, abs(thr)):
+            counts = sw_counts
+        if not complete:
+            notes.append("switch-cost search stopped at its node limit; best plan found so far")
+    return counts, "exact"
+
+
+def _result(levels, ids, data: LevelData, counts, current_idx, demand_qpm, served_demand, saturated, shortfall,
+            cur_counts, t0, backend, formulation, notes) -> Allocation:
+    level_ids = [lv.id for lv in levels]
+    loads, value = greedy_loads(data, counts, served_demand)
+    total = sum(loads)
+    if total > EPS:
+        share = tuple(x / total for x in loads)
+        expected = value / total
+    else:
+        # no load: the share goes to the best level that has workers (or the best level)
+        best = max(range(len(data)), key=lambda v: (counts[v] > 0, data.quality[v]))
+        share = tuple(1.0 if v == best else 0.0 for v in range(len(data)))
+        expected = data.quality[best]
+    assignment = _assign(ids, data, level_ids, counts, current_idx)
+    cost, moved = switch_cost(data, counts, cur_counts) if current_idx else (0.0, 0)
+    if current_idx:
+        moved = sum(1 for w in ids if assignment[w] is not None
+                    and (current_idx.get(w) is None or level_ids[current_idx[w]] != assignment[w]))
+    return Allocation(
+        levels=tuple(level_ids),
+        counts=tuple(int(c) for c in counts),
+        share=share,
+        loads_qpm=tuple(loads),
+        assignment=assignment,
+        demand_qpm=float(demand_qpm),
+        capacity_qpm=float(sum(c * p for c, p in zip(counts, data.peak, strict=False))),
+        expected_quality=float(expected),
+        saturated=bool(saturated),
+        shortfall_qpm=float(shortfall),
+        moved_workers=int(moved),
+        switch_cost=float(cost),
+        solve_s=time.perf_counter() - t0,
+        backend=backend,
+        formulation=formulation,
+        notes=tuple(notes),
+    )

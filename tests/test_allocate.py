@@ -1,0 +1,239 @@
+"""Allocation (ARGUS Eq. 1): formulations agree, saturation, switch cost, failures, bad input."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from argusdiff.domain import ApproxLevel, Strategy
+from argusdiff.errors import ConfigError
+from argusdiff.profile import load_profile
+from solver.allocate import allocate, level_data
+from solver.exact import greedy_loads, switch_cost
+
+
+def make_levels(specs, model=None):
+    """specs: [(latency_s, quality, load_time_s)] slowest first."""
+    return tuple(
+        ApproxLevel(
+            id=f"v{i}", strategy=Strategy.SM, model=model or f"m{i}", steps=50, skip=0,
+            latency_s={1: lat}, quality=q, load_time_s=lt,
+        )
+        for i, (lat, q, lt) in enumerate(specs)
+    )
+
+
+@st.composite
+def instances(draw, max_levels=5, max_workers=12):
+    n = draw(st.integers(1, max_levels))
+    lats = sorted(draw(st.lists(st.floats(0.2, 5.0), min_size=n, max_size=n)), reverse=True)
+    qs = sorted(draw(st.lists(st.floats(0.5, 1.0), min_size=n, max_size=n)), reverse=True)
+    levels = make_levels([(lat, q, 3.0) for lat, q in zip(lats, qs, strict=False)])
+    W = draw(st.integers(1, max_workers))
+    max_cap = W * max(lv.peak_qpm for lv in levels)
+    demand = draw(st.floats(0.0, 1.0)) * max_cap
+    return levels, W, demand
+
+
+@pytest.fixture(scope="module")
+def sdxl():
+    return load_profile("sdxl-ac-a100")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instances())
+def test_exact_aggregated_and_paper_reach_the_same_quality(inst):
+    levels, W, demand = inst
+    res = {f: allocate(levels, W, demand, formulation=f, backend="highs") for f in ("exact", "aggregated", "paper")}
+    q = {f: r.expected_quality for f, r in res.items()}
+    assert q["exact"] == pytest.approx(q["aggregated"], abs=1e-6)
+    assert q["exact"] == pytest.approx(q["paper"], abs=1e-6)
+    for r in res.values():
+        assert sum(r.counts) == W
+        assert math.fsum(r.share) == pytest.approx(1.0)
+        assert r.capacity_qpm >= demand - 1e-6
+        assert not r.saturated
+
+
+@settings(max_examples=60, deadline=None)
+@given(instances(max_levels=8, max_workers=300))
+def test_exact_matches_aggregated_milp_on_larger_clusters(inst):
+    levels, W, demand = inst
+    a = allocate(levels, W, demand, formulation="exact")
+    b = allocate(levels, W, demand, formulation="aggregated", backend="highs")
+    assert a.expected_quality == pytest.approx(b.expected_quality, abs=1e-7)
+
+
+@settings(max_examples=25, deadline=None)
+@given(instances(max_levels=4, max_workers=6))
+def test_exact_is_optimal_against_enumeration(inst):
+    levels, W, demand = inst
+    data = level_data(levels)
+    best = -1.0
+
+    def rec(k, left, counts):
+        nonlocal best
+        if k == len(levels) - 1:
+            c = [*counts, left]
+            loads, value = greedy_loads(data, c, demand)
+            if sum(loads) >= demand - 1e-9:
+                best = max(best, value)
+            return
+        for n in range(left + 1):
+            rec(k + 1, left - n, [*counts, n])
+
+    rec(0, W, [])
+    a = allocate(levels, W, demand, formulation="exact")
+    if demand > 0:
+        assert a.expected_quality * demand == pytest.approx(best, abs=1e-7)
+    else:
+        assert a.counts[0] == W  # no load: everything at the best level
+
+
+def test_known_instance_sdxl_8_gpus(sdxl):
+    # 8 workers, 180 QPM: K=15 (20 QPM) and K=20 (23.08 QPM); 1*20 + 7*23.08 = 181.5 >= 180
+    for f in ("exact", "aggregated", "paper"):
+        a = allocate(sdxl.levels, 8, 180, formulation=f, backend="highs")
+        assert a.counts == (0, 0, 0, 1, 7, 0)
+        assert a.share[3] == pytest.approx(20 / 180)
+        assert a.expected_quality == pytest.approx((20 * 0.955 + 160 * 0.93) / 180)
+        assert set(a.assignment.values()) == {"sdxl-k15", "sdxl-k20"}
+
+
+def test_low_load_runs_everything_at_the_best_level(sdxl):
+    a = allocate(sdxl.levels, 8, 10, formulation="exact")
+    assert a.counts == (8, 0, 0, 0, 0, 0)
+    assert a.expected_quality == 1.0
+    z = allocate(sdxl.levels, 8, 0)
+    assert z.counts == (8, 0, 0, 0, 0, 0) and z.share[0] == 1.0
+
+
+@pytest.mark.parametrize("formulation", ["exact", "aggregated", "paper"])
+def test_saturation_returns_max_throughput_plan(sdxl, formulation):
+    a = allocate(sdxl.levels, 8, 300, formulation=formulation, backend="highs")
+    cap = 8 * 60 / 2.2
+    assert a.saturated
+    assert a.counts == (0, 0, 0, 0, 0, 8)
+    assert a.capacity_qpm == pytest.approx(cap)
+    assert a.shortfall_qpm == pytest.approx(300 - cap)
+    assert a.share == (0, 0, 0, 0, 0, 1.0)
+
+
+def test_margin_that_cannot_be_met_is_not_saturation(sdxl):
+    cap = 8 * 60 / 2.2
+    a = allocate(sdxl.levels, 8, cap * 0.95, margin=1.2)
+    assert not a.saturated and a.shortfall_qpm == 0
+    assert a.counts[-1] == 8
+    assert any("margin" in n for n in a.notes)
+
+
+def test_margin_adds_capacity(sdxl):
+    plain = allocate(sdxl.levels, 8, 150)
+    more = allocate(sdxl.levels, 8, 150, margin=1.2)
+    assert more.capacity_qpm >= 180 - 1e-6
+    assert more.expected_quality <= plain.expected_quality
+
+
+@pytest.mark.parametrize("formulation", ["exact", "aggregated", "paper"])
+def test_switch_cost_keeps_a_near_optimal_current_plan(sdxl, formulation):
+    cur = allocate(sdxl.levels, 8, 150).assignment
+    strict = allocate(sdxl.levels, 8, 160, current=cur, formulation=formulation, switch_tolerance=0.0,
+                      backend="highs")
+    lax = allocate(sdxl.levels, 8, 160, current=cur, formulation=formulation, switch_tolerance=0.005,
+                   backend="highs")
+    assert strict.moved_workers > lax.moved_workers
+    assert lax.expected_quality >= strict.expected_quality * (1 - 0.005) - 1e-9
+    assert lax.capacity_qpm >= 160 - 1e-9
+    # workers that did not move kept their level
+    kept = [w for w, lv in lax.assignment.items() if cur[w] == lv]
+    assert len(kept) == 8 - lax.moved_workers
+
+
+def test_switch_cost_prefers_moves_within_one_model():
+    # levels 0 and 1 share a model, level 2 is another model with a long load time
+    levels = (
+        ApproxLevel("a", Strategy.SM, "big", 50, 0, {1: 2.0}, 1.0, 10.0),
+        ApproxLevel("b", Strategy.SM, "big", 50, 10, {1: 1.5}, 0.93, 10.0),
+        ApproxLevel("c", Strategy.SM, "small", 50, 0, {1: 1.5}, 0.93, 10.0),
+    )
+    data = level_data(levels)
+    assert switch_cost(data, [2, 2, 0], [4, 0, 0]) == (2.0, 2)
+    assert switch_cost(data, [2, 0, 2], [4, 0, 0]) == (22.0, 2)
+    cur = {f"w{i}": "a" for i in range(4)}
+    a = allocate(levels, 4, 140, current=cur, formulation="exact", switch_tolerance=0.0)
+    assert a.counts[2] == 0 and a.switch_cost == 2.0
+
+
+def test_lost_worker_replans_on_what_is_left(sdxl):
+    ids = [f"gpu{i}" for i in range(8)]
+    before = allocate(sdxl.levels, ids, 150)
+    left = ids[:4]
+    after = allocate(sdxl.levels, left, 150, current=before.assignment)
+    assert set(after.assignment) == set(left)
+    assert sum(after.counts) == 4
+    assert after.saturated  # 4 workers at K=25 serve 109 QPM < 150
+    assert after.shortfall_qpm == pytest.approx(150 - 4 * 60 / 2.2)
+    assert any("gone" in n for n in after.notes)
+    after2 = allocate(sdxl.levels, ids[:6], 150, current=before.assignment)
+    assert not after2.saturated and sum(after2.counts) == 6
+
+
+def test_no_workers():
+    levels = make_levels([(1.0, 1.0, 1.0)])
+    a = allocate(levels, 0, 10)
+    assert a.saturated and a.shortfall_qpm == 10 and a.counts == (0,)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"demand_qpm": -1}, "demand_qpm"),
+        ({"demand_qpm": float("nan")}, "demand_qpm"),
+        ({"formulation": "magic"}, "formulation"),
+        ({"backend": "cplex"}, "backend"),
+        ({"margin": 0.5}, "margin"),
+        ({"switch_tolerance": 2}, "switch_tolerance"),
+        ({"workers": -3}, "workers"),
+        ({"current": {"w0": "nope"}}, "current"),
+    ],
+)
+def test_bad_input_names_the_field(sdxl, kwargs, field):
+    args = {"levels": sdxl.levels, "workers": 4, "demand_qpm": 50}
+    args.update(kwargs)
+    with pytest.raises(ConfigError, match=field):
+        allocate(**args)
+
+
+@pytest.mark.parametrize("backend", ["highs", "gurobi", "auto"])
+def test_backends_agree(sdxl, backend):
+    a = allocate(sdxl.levels, 16, 300, formulation="aggregated", backend=backend)
+    b = allocate(sdxl.levels, 16, 300, formulation="exact")
+    assert a.expected_quality == pytest.approx(b.expected_quality, abs=1e-9)
+    assert a.backend in ("highs", "gurobi")
+
+
+def test_gurobi_size_limit_falls_back_to_highs(sdxl, caplog):
+    from solver import backends
+
+    if not backends.gurobi_available():
+        pytest.skip("gurobipy is not installed")
+    # 6 levels x 200 workers: 2600 variables, over the bundled licence's 2000
+    a = allocate(sdxl.levels, 200, 3000, formulation="paper", backend="gurobi", time_limit_s=20)
+    assert a.backend == "highs"
+    b = allocate(sdxl.levels, 200, 3000, formulation="exact")
+    assert a.expected_quality == pytest.approx(b.expected_quality, abs=1e-6)
+
+
+def test_importing_solver_does_not_import_heavy_packages():
+    code = (
+        "import sys, solver, solver.allocate, solver.oda, solver.backends, argusdiff.predictors\n"
+        "heavy = [m for m in ('torch', 'diffusers', 'transformers', 'timm', 'open_clip', 'highspy', 'gurobipy')"
+        " if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
