@@ -83,7 +83,8 @@ def _check_key(key: str) -> str:
 
 def encode_latent(latent: np.ndarray, meta: LatentMeta) -> bytes:
     """fp16 safetensors bytes of ``latent`` with ``meta`` (shape taken from the array)."""
-    arr = np.ascontiguousarray(np.asarray(latent), dtype=np.float16)
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported below as non-finite
+        arr = np.ascontiguousarray(np.asarray(latent), dtype=np.float16)
     if arr.size == 0:
         raise ValueError("latent is empty")
     if not np.isfinite(arr).all():
