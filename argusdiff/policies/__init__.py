@@ -27,8 +27,8 @@ __all__ = [
 ]
 
 POLICIES: dict[str, tuple[str, str]] = {
-    "argus": ("argus:Argus", "classifier -> PASM (ODA) -> worker selector; AC, switching to SM when the cache degrades"),
-    "argus+": ("argus_plus:ArgusPlus", "ARGUS + deadline-aware admission, switch-cost-aware and backlog-aware planning"),
+    "argus": ("argus:Argus", "classifier -> PASM (ODA) -> worker selector; AC, to SM when the cache degrades"),
+    "argus+": ("argus_plus:ArgusPlus", "ARGUS + deadline-aware admission, switch-cost- and backlog-aware planning"),
     "pac": ("argus:Pac", "ARGUS without classifier and ODA: prompt-agnostic routing to the allocated levels"),
     "proteus": ("proteus:Proteus", "prompt-agnostic accuracy scaling over smaller models (ILP), random routing"),
     "clipper-ha": ("static:ClipperHA", "static: every worker at the best level"),

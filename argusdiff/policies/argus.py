@@ -144,10 +144,19 @@ class Argus(Policy):
         if not stats.workers:
             n = len(profile.ids)
             return Plan(
-                version=self.next_version(), created_s=stats.now_s, strategy=self._strategy(profile),
-                levels=profile.ids, assignment={}, share=tuple(1.0 / n for _ in range(n)),
-                pasm=uniform_pasm([1.0] * n), predicted_qpm=demand, expected_quality=0.0, saturated=True,
-                shortfall_qpm=demand, policy=self.name, notes=("no worker is up", *notes),
+                version=self.next_version(),
+                created_s=stats.now_s,
+                strategy=self._strategy(profile),
+                levels=profile.ids,
+                assignment={},
+                share=tuple(1.0 / n for _ in range(n)),
+                pasm=uniform_pasm([1.0] * n),
+                predicted_qpm=demand,
+                expected_quality=0.0,
+                saturated=True,
+                shortfall_qpm=demand,
+                policy=self.name,
+                notes=("no worker is up", *notes),
             )
         alloc = self.allocate(profile, stats, demand, margin)
         pasm = self.pasm(shares[profile.name], tuple(alloc.share))

@@ -83,11 +83,11 @@ class PolicyOptions:
     switch_margin: float = 1.5  # ARGUS §4.6: capacity margin while switching AC -> SM
     probe_periods: int = 1  # healthy periods seen by background probes before switching back
     overprovision: float = 1.05  # DiffServe's over-provisioning of demand
+    peak_qpm: float | None = None  # diffserve-static provisions for this demand
     # argus+ parts (ablation switches)
     admission: bool = True
     switch_aware: bool = True
     backlog: bool = True
-    mix: bool = True
 
     @classmethod
     def coerce(cls, config: PolicyOptions | Mapping[str, Any] | None) -> PolicyOptions:
@@ -101,9 +101,7 @@ class PolicyOptions:
         return cls(**dict(config))
 
 
-def select_worker(
-    workers: Sequence[str], view: RouteView, proc_s: float | Sequence[float] = 1.0
-) -> str | None:
+def select_worker(workers: Sequence[str], view: RouteView, proc_s: float | Sequence[float] = 1.0) -> str | None:
     """ARGUS §4.4 Worker-Selector: argmin over ``workers`` of queue length × processing time.
 
     Ties (e.g. several idle workers) go to the worker that frees up first, then the lowest id

@@ -1,0 +1,190 @@
+"""DiffServe (MLSys '25): a light→heavy cascade with a discriminator.
+
+Every query runs on the light model; the discriminator's confidence in the light image decides:
+at or above the threshold t the light image is returned, below it the query is re-run on the heavy
+model. Each control period the MILP (``solver.cascade.solve_cascade``) picks the workers and batch
+sizes of each model and the largest t the cluster can afford for the predicted demand (EWMA ×
+over-provisioning), given the current queues. ``diffserve-static`` solves once for the trace's
+peak demand and keeps that plan (re-solved only when the set of up workers changes).
+
+As in the DiffServe artifact, a query is dropped when its queue wait plus the profiled runtime
+would exceed ``drop_factor`` (1.5) × SLO.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from argusdiff.domain import Assignment, ClusterStats, Plan, Profile, Request, Strategy
+from argusdiff.policies.base import Policy, PolicyError, PolicyOptions, RouteView, select_worker
+
+__all__ = ["DiffServe", "DiffServeStatic"]
+
+
+class DiffServe(Policy):
+    name = "diffserve"
+    strategies = frozenset({Strategy.CASCADE})
+    cascade = True
+
+    def __init__(
+        self,
+        profile: Profile,
+        *,
+        rng: np.random.Generator,
+        classifier: Any = None,
+        config: PolicyOptions | Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(profile, rng=rng, classifier=classifier, config=config)
+        from argusdiff.predictors import EwmaDemand
+
+        if profile.cascade is None:
+            raise PolicyError(f"policy {self.name!r} needs a profile with a [cascade] table, got {profile.name!r}")
+        self.spec = profile.cascade
+        self.light = profile.level(self.spec.light)
+        self.heavy = profile.level(self.spec.heavy)
+        self.demand = EwmaDemand(self.options.ewma_alpha)
+        self._workers: dict[str, list[str]] = {}
+        self._version_seen = -1
+        self.last_solution: Any = None
+
+    def demand_qpm(self, stats: ClusterStats) -> float:
+        return float(self.demand.update(stats.arrival_qpm))
+
+    def solve(self, stats: ClusterStats, demand: float):
+        from solver.cascade import solve_cascade
+
+        return solve_cascade(
+            self.spec,
+            self.light,
+            self.heavy,
+            len(stats.workers),
+            demand,
+            self.slo_s,
+            queue_light=int(stats.level_queue.get(self.light.id, 0)),
+            queue_heavy=int(stats.level_queue.get(self.heavy.id, 0)),
+            overprovision=self.options.overprovision,
+            backend=self.options.backend,
+        )
+
+    def _assign(self, stats: ClusterStats, x_light: int, x_heavy: int) -> dict[str, str | None]:
+        """Keep workers on the model they run where possible (fewer loads)."""
+        workers = list(stats.workers)
+        out: dict[str, str | None] = {w: None for w in workers}
+        need = {self.light.id: x_light, self.heavy.id: x_heavy}
+        for w in workers:
+            cur = stats.current.get(w)
+            if cur in need and need[cur] > 0:
+                out[w] = cur
+                need[cur] -= 1
+        for w in workers:
+            if out[w] is None:
+                for lv in (self.heavy.id, self.light.id):
+                    if need[lv] > 0:
+                        out[w] = lv
+                        need[lv] -= 1
+                        break
+        return out
+
+    def make_plan(self, stats: ClusterStats, demand: float) -> Plan:
+        ids = self.profile.ids
+        if not stats.workers:
+            return Plan(
+                version=self.next_version(),
+                created_s=stats.now_s,
+                strategy=Strategy.CASCADE,
+                levels=ids,
+                assignment={},
+                share=tuple(1.0 / len(ids) for _ in ids),
+                pasm=tuple(tuple(1.0 / len(ids) for _ in ids) for _ in ids),
+                predicted_qpm=demand,
+                expected_quality=0.0,
+                saturated=True,
+                shortfall_qpm=demand,
+                policy=self.name,
+                notes=("no worker is up",),
+            )
+        sol = self.solve(stats, demand)
+        self.last_solution = sol
+        x_light, x_heavy = int(sol.x_light), int(sol.x_heavy)
+        if x_light < 1:  # every query starts on the light model
+            x_light, x_heavy = 1, max(0, x_heavy - 1)
+        assignment = self._assign(stats, x_light, x_heavy)
+        t = float(sol.threshold)
+        f = self.spec.f(t)
+        share = [0.0] * len(ids)
+        share[ids.index(self.light.id)] = 1.0 - f
+        share[ids.index(self.heavy.id)] = f
+        q_light = self.light.quality
+        return Plan(
+            version=self.next_version(),
+            created_s=stats.now_s,
+            strategy=Strategy.CASCADE,
+            levels=ids,
+            assignment=assignment,
+            share=tuple(share),
+            pasm=tuple(tuple(share) for _ in ids),
+            predicted_qpm=demand,
+            expected_quality=(1.0 - f) * q_light + f * self.heavy.quality,
+            saturated=bool(getattr(sol, "saturated", False)),
+            shortfall_qpm=float(getattr(sol, "shortfall_qpm", 0.0)),
+            thresholds={self.light.id: t},
+            batch_sizes={self.light.id: int(sol.b_light), self.heavy.id: int(sol.b_heavy)},
+            policy=self.name,
+            notes=() if getattr(sol, "feasible", True) else ("MILP infeasible: best effort",),
+        )
+
+    def plan(self, stats: ClusterStats) -> Plan:
+        return self.make_plan(stats, self.demand_qpm(stats))
+
+    # ---- data path -----------------------------------------------------------------------
+
+    def _workers_of(self, plan: Plan) -> dict[str, list[str]]:
+        if self._version_seen != plan.version:
+            self._workers = {self.light.id: [], self.heavy.id: []}
+            for w, lv in plan.assignment.items():
+                if lv in self._workers:
+                    self._workers[lv].append(w)
+            self._version_seen = plan.version
+        return self._workers
+
+    def _send(self, request: Request, plan: Plan, view: RouteView, level) -> Assignment:
+        workers = self._workers_of(plan)[level.id]
+        if not workers:
+            return Assignment(level=None, dropped=True, reason=f"no {level.id} worker")
+        b = plan.batch_sizes.get(level.id, 1)
+        w = select_worker(workers, view, level.latency(b) / b)
+        wait = max(0.0, view.busy_until.get(w, view.now_s) - view.now_s)
+        runtime = level.latency(b)
+        if (view.now_s - request.arrival_s) + wait + runtime > self.options.drop_factor * self.slo_s:
+            return Assignment(level=None, worker=w, dropped=True, reason="predicted to miss 1.5 x SLO")
+        return Assignment(level=level.id, worker=w)
+
+    def route(self, request: Request, plan: Plan, view: RouteView) -> Assignment:
+        return self._send(request, plan, view, self.light)
+
+    def route_heavy(self, request: Request, plan: Plan, view: RouteView) -> Assignment:
+        return self._send(request, plan, view, self.heavy)
+
+
+class DiffServeStatic(DiffServe):
+    name = "diffserve-static"
+
+    def __init__(self, profile, *, rng, classifier=None, config=None) -> None:
+        super().__init__(profile, rng=rng, classifier=classifier, config=config)
+        self._plan: Plan | None = None
+        self._workers_up: tuple[str, ...] = ()
+
+    def plan(self, stats: ClusterStats) -> Plan:
+        peak = self.options.peak_qpm
+        if peak is None:
+            raise PolicyError("policy 'diffserve-static' needs the trace's peak demand (option peak_qpm)")
+        if self._plan is None or stats.workers != self._workers_up:
+            idle = ClusterStats(
+                now_s=stats.now_s, period_s=stats.period_s, arrivals=0, workers=stats.workers, current=stats.current
+            )
+            self._plan = self.make_plan(idle, peak)
+            self._workers_up = stats.workers
+        return self._plan

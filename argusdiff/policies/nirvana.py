@@ -1,0 +1,49 @@
+"""NIRVANA (NSDI '24) as ARGUS §5 runs it: approximate caching on every worker.
+
+Every worker runs the one AC model. Each request's K comes from the similarity of its best cached
+prompt (``cache.policy.k_for_similarity``; defaults from a public NIRVANA reimplementation:
+> 0.95 → 25, > 0.9 → 20, > 0.85 → 15, > 0.75 → 10, > 0.65 → 5, else a miss at K = 0) — whatever
+the load — and the load is spread uniformly over the workers.
+"""
+
+from __future__ import annotations
+
+from argusdiff.domain import Assignment, ClusterStats, Plan, Request, Strategy
+from argusdiff.policies.base import Policy, PolicyError, RouteView
+
+__all__ = ["Nirvana"]
+
+
+class Nirvana(Policy):
+    name = "nirvana"
+    strategies = frozenset({Strategy.AC})
+
+    def __init__(self, profile, *, rng, classifier=None, config=None) -> None:
+        super().__init__(profile, rng=rng, classifier=classifier, config=config)
+        if profile.strategies != {Strategy.AC}:
+            raise PolicyError(f"policy 'nirvana' needs an AC profile, got {profile.name!r}")
+        self.by_k = {lv.skip: lv.id for lv in profile.levels}
+        self.ks = sorted(self.by_k)
+        self._k_cache: dict[int, str] = {}
+
+    def level_for_k(self, k: int) -> str:
+        got = self._k_cache.get(k)
+        if got is None:
+            usable = [s for s in self.ks if s <= k]
+            got = self.by_k[max(usable)] if usable else self.profile.levels[0].id
+            self._k_cache[k] = got
+        return got
+
+    def plan(self, stats: ClusterStats) -> Plan:
+        return self.static_plan(stats, self.profile.levels[0].id, note="nirvana: AC on every worker")
+
+    def route(self, request: Request, plan: Plan, view: RouteView) -> Assignment:
+        from cache.policy import k_for_similarity
+
+        sim = view.cache_similarity
+        k = k_for_similarity(sim) if (sim is not None and view.cache_healthy) else 0
+        workers = list(plan.assignment)
+        if not workers:
+            return Assignment(level=None, dropped=True, reason="no worker in the plan")
+        w = workers[int(self.rng.integers(len(workers)))]
+        return Assignment(level=self.level_for_k(k), worker=w)

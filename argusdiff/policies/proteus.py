@@ -1,0 +1,28 @@
+"""Proteus (ASPLOS '24) as ARGUS §5 runs it: prompt-agnostic accuracy scaling over smaller models.
+
+The allocation ILP picks how many workers run each model for the predicted demand (it pays model
+loads when the mix changes); requests are routed at random — a level drawn from the allocation's
+load shares and a uniformly random worker of that level, without looking at queues or prompts.
+"""
+
+from __future__ import annotations
+
+from argusdiff.domain import Assignment, Plan, Request, Strategy
+from argusdiff.policies.argus import Pac
+from argusdiff.policies.base import RouteView
+
+__all__ = ["Proteus"]
+
+
+class Proteus(Pac):
+    name = "proteus"
+    strategies = frozenset({Strategy.SM})
+
+    def route(self, request: Request, plan: Plan, view: RouteView) -> Assignment:
+        r = self.routing(plan)
+        j = r.sample(0, self.rng.random())
+        workers = r.workers[j]
+        if not workers:
+            return Assignment(level=None, dropped=True, reason="no worker in the plan")
+        worker = workers[int(self.rng.integers(len(workers)))] if len(workers) > 1 else workers[0]
+        return Assignment(level=plan.levels[j], worker=worker)

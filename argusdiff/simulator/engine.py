@@ -1,0 +1,636 @@
+"""Discrete-event simulator of a serving cluster driven by one policy.
+
+Virtual clock, deterministic for a seed. The mechanism modelled here:
+
+* **Workers** serve FIFO, one batch at a time. A request joins the last batch of its worker if
+  that batch has not started, runs the same level and is below the plan's batch size for that
+  level (greedy batching: a worker takes what is queued when it frees up); otherwise it starts a
+  new batch when the worker frees up. Batch time is the profile's ``latency(b)`` times an optional
+  log-normal jitter.
+* **Model loads**: a worker whose plan level needs another model finishes its queued work, then
+  loads for the level's ``load_time_s``; a request routed to a worker with another model loaded
+  pays the load too. No queued work is dropped by a plan change.
+* **Approximate caching**: a request at an AC level with K > 0 looks up the cache (retrieval
+  latency added). It is a hit when a prompt served earlier on the AC model is similar enough
+  (MiniLM cosine ≥ ``cache_min_similarity``, or an exact repeat when no embeddings are given);
+  on a miss or while the cache store is down (lookup fails after ``cache_timeout_s``) it runs at
+  K = 0. Every request served on the AC model stores its latents (the cache fills as prompts are
+  served; a prompt counts as cached from its dispatch).
+* **Cascades**: a policy with ``cascade = True`` sends requests to the light level; after the light
+  batch and the discriminator, a prompt whose confidence is below the plan's threshold is handed
+  to the policy's ``route_heavy`` at that moment.
+* **Control period**: every ``period_s`` the simulator builds :class:`ClusterStats` (arrivals,
+  queues, loaded models, affinity counts of the predicted optimal levels, cache health seen by
+  lookups and probes) and applies ``policy.plan(stats)``.
+* **Faults**: workers off for an interval (their queued and running requests are re-dispatched at
+  the failure time, the model must be reloaded when they return); cache store down.
+
+Every request's outcome (level, finish time, quality, cache hit, drop) is kept in numpy arrays;
+:mod:`argusdiff.simulator.metrics` turns them into per-minute metrics.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from argusdiff.domain import ApproxLevel, ClusterStats, Plan, Profile, Request, Strategy
+from argusdiff.errors import ConfigError
+from argusdiff.policies.base import Policy, RouteView
+from argusdiff.simulator.faults import Fault
+from argusdiff.simulator.workload import Workload
+
+__all__ = ["SimConfig", "SimResult", "Simulator", "simulate"]
+
+INF = math.inf
+# request status
+PENDING, SERVED, DROPPED = 0, 1, 2
+# batch record fields (a list, mutated in place)
+B_START, B_FINISH, B_SIZE, B_LEVEL, B_MEMBERS, B_WORKER, B_JIT, B_EXTRA = range(8)
+BIG_QUEUE = 10**9
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    gpus: int = 8
+    period_s: float = 60.0
+    slo_s: float | None = None  # None: the policy profile's default (3 × slowest level)
+    seed: int = 0
+    jitter: float = 0.0  # sigma of a log-normal multiplier on service times (0: none)
+    cache_latency_s: float = 0.05  # vector lookup + latent fetch when the cache is healthy
+    cache_timeout_s: float = 1.0  # a failed lookup costs this before falling back to K = 0
+    cache_min_similarity: float = 0.65  # below: a miss (NIRVANA's lowest threshold)
+    faults: tuple[Fault, ...] = ()
+    warm_start: bool = True  # the first plan's models are loaded before the trace starts
+
+    def __post_init__(self) -> None:
+        if self.gpus < 1:
+            raise ConfigError(f"gpus must be >= 1, got {self.gpus}")
+        if self.period_s <= 0:
+            raise ConfigError(f"period must be positive, got {self.period_s}")
+        if self.slo_s is not None and self.slo_s <= 0:
+            raise ConfigError(f"slo must be positive, got {self.slo_s}")
+        if self.jitter < 0:
+            raise ConfigError(f"jitter must be >= 0, got {self.jitter}")
+
+
+@dataclass
+class SimResult:
+    policy: str
+    description: dict[str, Any]
+    config: SimConfig
+    slo_s: float
+    workload: Workload
+    level_ids: tuple[str, ...]  # catalog of every level the run could use
+    level_profile: tuple[str, ...]  # profile name per catalog level
+    status: np.ndarray
+    finish_s: np.ndarray
+    level: np.ndarray  # catalog index of the level that served (-1: dropped)
+    quality: np.ndarray  # raw score of the served image
+    relative: np.ndarray  # score relative to the prompt's best level
+    cache_hit: np.ndarray
+    best_effort: np.ndarray
+    deferred: np.ndarray
+    busy: list[tuple[int, float, float]]  # (worker, start, end) of every batch
+    loads: list[tuple[int, float, float, str]]  # (worker, start, end, model)
+    up_intervals: list[tuple[int, float, float]]  # (worker, start, end) when the worker was up
+    plans: list[dict[str, Any]] = field(default_factory=list)
+    end_s: float = 0.0
+    wall_s: float = 0.0
+
+
+class _Queues:
+    """Queue length per worker id, brought up to date lazily when read."""
+
+    __slots__ = ("sim",)
+
+    def __init__(self, sim: Simulator) -> None:
+        self.sim = sim
+
+    def get(self, wid: str, default: int = 0) -> int:
+        sim = self.sim
+        w = sim.widx.get(wid)
+        if w is None:
+            return default
+        if not sim.up[w]:
+            return BIG_QUEUE
+        dq = sim.dq[w]
+        now = sim.now
+        while dq and dq[0][B_FINISH] <= now:
+            sim.qlen[w] -= dq.popleft()[B_SIZE]
+        return sim.qlen[w]
+
+    __getitem__ = get
+
+    def __contains__(self, wid: object) -> bool:
+        return wid in self.sim.widx
+
+    def items(self):
+        return [(wid, self.get(wid)) for wid in self.sim.wids]
+
+
+class Simulator:
+    def __init__(
+        self,
+        policy: Policy,
+        workload: Workload,
+        config: SimConfig | None = None,
+        *,
+        progress: Callable[[float], None] | None = None,
+    ) -> None:
+        self.policy = policy
+        self.wl = workload
+        self.cfg = config or SimConfig()
+        self.progress = progress
+        cfg = self.cfg
+        self.slo_s = cfg.slo_s if cfg.slo_s is not None else policy.profile.default_slo_s()
+        profiles: list[Profile] = [policy.profile]
+        fb = getattr(policy.options, "fallback", None)
+        if fb is not None and fb.name != policy.profile.name:
+            profiles.append(fb)
+        self.profiles = profiles
+        self.levels: dict[str, ApproxLevel] = {}
+        self.level_profile: dict[str, Profile] = {}
+        for prof in profiles:
+            missing = [lv for lv in prof.ids if lv not in workload.quality]
+            if missing:
+                raise ConfigError(
+                    f"policy {policy.name!r}: the quality source has no scores for level(s) {', '.join(missing)} "
+                    f"of profile {prof.name!r}"
+                )
+            for lv in prof.levels:
+                self.levels[lv.id] = lv
+                self.level_profile[lv.id] = prof
+        self.catalog = tuple(self.levels)
+        self.cat_index = {lv: i for i, lv in enumerate(self.catalog)}
+        self.ac_base = {
+            lv.id: self.level_profile[lv.id].levels[0].id for lv in self.levels.values() if lv.strategy is Strategy.AC
+        }
+        self.cascade = bool(getattr(policy, "cascade", False))
+        if self.cascade:
+            spec = policy.profile.cascade
+            if spec is None:
+                raise ConfigError(f"policy {policy.name!r} needs a cascade profile, got {policy.profile.name!r}")
+            if workload.confidence is None:
+                raise ConfigError(f"policy {policy.name!r} needs discriminator confidences in the workload")
+            self.spec = spec
+        self.needs_similarity = any(lv.strategy is Strategy.AC for lv in self.levels.values())
+
+    # ---- cache model ---------------------------------------------------------------------
+
+    def cache_up(self, t: float) -> bool:
+        return all(not s <= t < e for s, e in self.cache_down)
+
+    def similarity(self, p: int) -> float:
+        if self.cached[p]:
+            return 1.0
+        nb = self.wl.neighbours
+        if nb is None:
+            return 0.0
+        cached = self.cached
+        row = nb[p]
+        for j in range(row.shape[0]):
+            if cached[row[j]]:
+                return float(self.wl.neighbour_sim[p, j])
+        return 0.0
+
+    # ---- run -------------------------------------------------------------------------------
+
+    def run(self) -> SimResult:
+        import time
+
+        t_wall = time.perf_counter()
+        wl, cfg, policy = self.wl, self.cfg, self.policy
+        n = wl.n_requests
+        arr = wl.arrivals_s
+        pidx = wl.prompt_idx
+        prompts = wl.prompts
+        G = cfg.gpus
+        self.wids = tuple(f"w{k}" for k in range(G))
+        self.widx = {w: k for k, w in enumerate(self.wids)}
+        self.up = [True] * G
+        self.dq: list[deque] = [deque() for _ in range(G)]
+        self.qlen = [0] * G
+        self.free_at = [0.0] * G
+        self.model: list[str | None] = [None] * G
+        self.wlevel: list[str | None] = [None] * G
+        self.load_end = [0.0] * G
+        self.up_since = [0.0] * G
+        self.up_intervals: list[tuple[int, float, float]] = []
+        self.cached = np.zeros(len(wl.prompts), dtype=bool)
+        self.cache_down = [(f.start_s, f.end_s) for f in cfg.faults if f.kind == "cache"]
+        self.now = 0.0
+        rng = np.random.default_rng([cfg.seed, 1])
+        jit = np.exp(rng.normal(0.0, cfg.jitter, n)) if cfg.jitter > 0 else None
+        self.jit = jit
+
+        self.status = np.zeros(n, dtype=np.int8)
+        self.level_arr = np.full(n, -1, dtype=np.int16)
+        self.quality = np.zeros(n, dtype=np.float64)
+        self.relative = np.zeros(n, dtype=np.float64)
+        self.hit = np.zeros(n, dtype=bool)
+        self.best_effort = np.zeros(n, dtype=bool)
+        self.deferred = np.zeros(n, dtype=bool)
+        self.req_batch: list[list | None] = [None] * n
+        self.epoch = np.zeros(n, dtype=np.int32)
+        self.busy: list[list] = []
+        self.loads: list[tuple[int, float, float, str]] = []
+        self.plans: list[dict[str, Any]] = []
+        self.level_arrivals: dict[str, int] = {}
+
+        view = RouteView(slo_s=self.slo_s)
+        view.queue_lengths = _Queues(self)  # type: ignore[assignment]
+        view.busy_until = {w: 0.0 for w in self.wids}
+        view.worker_models = {w: None for w in self.wids}
+        view.up = set(self.wids)
+        self.view = view
+
+        heap: list[tuple] = []
+        seq = 0
+        for f in cfg.faults:
+            if f.kind == "gpus":
+                heapq.heappush(heap, (f.start_s, seq, "down", f.count, f.duration_s))
+                seq += 1
+        self.seq = seq
+        self.heap = heap
+
+        plan: Plan | None = None
+        next_tick = 0.0
+        i = 0
+        last_tick_i = 0
+        period = cfg.period_s
+        route = policy.route
+        quality_of = wl.quality
+        report_every = max(1, n // 200)
+        optimal = wl.optimal
+        cur_opt: np.ndarray | None = None
+        cur_ids: tuple[str, ...] = ()
+        needs_sim = self.needs_similarity
+        first_plan = True
+
+        while True:
+            ta = arr[i] if i < n else INF
+            te = heap[0][0] if heap else INF
+            if i >= n and not heap:
+                break
+            if next_tick <= ta and next_tick <= te:
+                self.now = next_tick
+                if first_plan:
+                    # the cluster was running before the trace starts: the first plan sees the
+                    # first period's arrivals (otherwise every policy starts planned for 0 QPM)
+                    j0 = int(np.searchsorted(arr, period, side="left"))
+                    stats = self._stats(next_tick, period, j0, pidx[:j0])
+                else:
+                    stats = self._stats(next_tick, period, i - last_tick_i, pidx[last_tick_i:i])
+                last_tick_i = i
+                plan = policy.plan(stats)
+                self._apply(plan, next_tick, first_plan and cfg.warm_start)
+                first_plan = False
+                cur_ids = plan.levels
+                cur_opt = optimal.get(cur_ids)
+                next_tick += period
+                continue
+            if te < ta:
+                ev = heapq.heappop(heap)
+                self.now = ev[0]
+                self._event(ev, plan)
+                continue
+            # an arrival
+            t = ta
+            self.now = t
+            p = int(pidx[i])
+            view.now_s = t
+            view.optimal_level = cur_ids[cur_opt[p]] if cur_opt is not None else None
+            up_cache = self.cache_up(t) if self.cache_down else True
+            view.cache_healthy = up_cache
+            if needs_sim:
+                view.cache_similarity = self.similarity(p) if up_cache else None
+            req = Request(id=str(i), prompt=prompts[p], arrival_s=t, prompt_idx=p)
+            a = route(req, plan, view)
+            if a.dropped or a.level is None:
+                self.status[i] = DROPPED
+            else:
+                self.best_effort[i] = a.best_effort
+                self._serve(i, p, t, a.level, a.worker, plan, stage=0)
+            i += 1
+            if self.progress is not None and i % report_every == 0:
+                self.progress(i / n)
+        del quality_of
+        end = max([b[B_FINISH] for b in self.busy] + [self.now, float(arr[-1]) if n else 0.0])
+        for w in range(G):
+            if self.up[w]:
+                self.up_intervals.append((w, self.up_since[w], end))
+        finish = np.full(n, np.nan)
+        for k, b in enumerate(self.req_batch):
+            if b is not None and self.status[k] == SERVED:
+                finish[k] = b[B_FINISH]
+        if self.progress is not None:
+            self.progress(1.0)
+        desc = policy.describe()
+        desc["classifier"] = wl.classifier if getattr(policy, "uses_classifier", False) else "none"
+        return SimResult(
+            policy=policy.name,
+            description=desc,
+            config=cfg,
+            slo_s=self.slo_s,
+            workload=wl,
+            level_ids=self.catalog,
+            level_profile=tuple(self.level_profile[lv].name for lv in self.catalog),
+            status=self.status,
+            finish_s=finish,
+            level=self.level_arr,
+            quality=self.quality,
+            relative=self.relative,
+            cache_hit=self.hit,
+            best_effort=self.best_effort,
+            deferred=self.deferred,
+            busy=[(b[B_WORKER], b[B_START], b[B_FINISH]) for b in self.busy if b[B_FINISH] > b[B_START]],
+            loads=self.loads,
+            up_intervals=self.up_intervals,
+            plans=self.plans,
+            end_s=end,
+            wall_s=time.perf_counter() - t_wall,
+        )
+
+    # ---- control path --------------------------------------------------------------------
+
+    def _stats(self, t: float, period: float, arrivals: int, recent: np.ndarray) -> ClusterStats:
+        ups = tuple(w for k, w in enumerate(self.wids) if self.up[k])
+        q = self.view.queue_lengths
+        queue_lengths = {w: q.get(w) for w in ups}
+        current = {w: self.wlevel[self.widx[w]] for w in ups}
+        loading = {
+            w: self.wlevel[self.widx[w]]
+            for w in ups
+            if self.load_end[self.widx[w]] > t and self.wlevel[self.widx[w]] is not None
+        }
+        affinity: dict[str, int] = {}
+        if len(recent):
+            for ids, pred in self.wl.optimal.items():
+                if not all(lv in self.levels for lv in ids):
+                    continue
+                counts = np.bincount(pred[recent], minlength=len(ids))
+                for lv, c in zip(ids, counts, strict=True):
+                    affinity[lv] = int(c)
+        down = 0.0
+        lo = t - period
+        for s, e in self.cache_down:
+            down += max(0.0, min(e, t) - max(s, lo))
+        err = down / period if t > 0 else (0.0 if self.cache_up(t) else 1.0)
+        if not self.cache_up(t):
+            err = max(err, 1.0 if t == 0 else err)
+        cache_latency = self.cfg.cache_latency_s if self.cache_up(t) else self.cfg.cache_timeout_s
+        level_queue: dict[str, int] = {}
+        for w in ups:
+            lv = self.wlevel[self.widx[w]]
+            if lv is not None:
+                level_queue[lv] = level_queue.get(lv, 0) + queue_lengths[w]
+        level_arrivals = dict(self.level_arrivals)
+        self.level_arrivals.clear()
+        return ClusterStats(
+            now_s=t,
+            period_s=period,
+            arrivals=int(arrivals),
+            workers=ups,
+            queue_lengths=queue_lengths,
+            current=current,
+            loading=loading,
+            affinity=affinity,
+            cache_latency_s=cache_latency if self.needs_similarity else None,
+            cache_error_rate=err if self.needs_similarity else 0.0,
+            level_queue=level_queue,
+            level_arrivals=level_arrivals,
+        )
+
+    def _apply(self, plan: Plan, t: float, warm: bool) -> None:
+        widx = self.widx
+        for wid, lv in plan.assignment.items():
+            w = widx.get(wid)
+            if w is None:
+                raise ConfigError(f"policy {self.policy.name!r} planned unknown worker {wid!r}")
+            self.wlevel[w] = lv
+            if lv is None or not self.up[w]:
+                continue
+            level = self.levels.get(lv)
+            if level is None:
+                raise ConfigError(f"policy {self.policy.name!r} planned unknown level {lv!r}")
+            if self.model[w] != level.model:
+                self._load(w, level, t, warm)
+        self.plans.append(
+            {
+                "t": t,
+                "version": plan.version,
+                "strategy": plan.strategy.value,
+                "counts": dict(zip(plan.levels, plan.counts(), strict=True)),
+                "predicted_qpm": plan.predicted_qpm,
+                "workers": sum(1 for lv in plan.assignment.values() if lv is not None),
+                "saturated": plan.saturated,
+                "margin": plan.margin,
+                "thresholds": dict(plan.thresholds),
+                "notes": list(plan.notes),
+            }
+        )
+
+    def _load(self, w: int, level: ApproxLevel, t: float, warm: bool) -> None:
+        self.model[w] = level.model
+        self.view.worker_models[self.wids[w]] = level.model
+        if warm:
+            return
+        start = max(t, self.free_at[w])
+        end = start + level.load_time_s
+        self.loads.append((w, start, end, level.model))
+        self.free_at[w] = end
+        self.load_end[w] = end
+        self.view.busy_until[self.wids[w]] = end
+
+    # ---- events ----------------------------------------------------------------------------
+
+    def _push(self, t: float, *payload: Any) -> None:
+        heapq.heappush(self.heap, (t, self.seq, *payload))
+        self.seq += 1
+
+    def _event(self, ev: tuple, plan: Plan | None) -> None:
+        t, _, kind = ev[0], ev[1], ev[2]
+        if kind == "down":
+            self._workers_down(t, ev[3], ev[4])
+        elif kind == "up":
+            w = ev[3]
+            self.up[w] = True
+            self.up_since[w] = t
+            self.free_at[w] = t
+            self.model[w] = None
+            self.view.worker_models[self.wids[w]] = None
+            self.view.busy_until[self.wids[w]] = t
+            self.view.up.add(self.wids[w])
+        elif kind == "redispatch":
+            i = ev[3]
+            self._redispatch(i, t, plan)
+        elif kind == "defer":
+            i, epoch, batch = ev[3], ev[4], ev[5]
+            if self.epoch[i] != epoch or self.status[i] != SERVED:
+                return
+            ready = batch[B_FINISH]
+            if ready > t + 1e-12:  # the light batch grew after this event was scheduled
+                self._push(ready, "defer", i, epoch, batch)
+                return
+            self._defer(i, t, plan)
+
+    def _workers_down(self, t: float, count: int, duration: float) -> None:
+        victims = [w for w in range(len(self.wids) - 1, -1, -1) if self.up[w]][:count]
+        for w in victims:
+            self.up[w] = False
+            self.up_intervals.append((w, self.up_since[w], t))
+            wid = self.wids[w]
+            self.view.up.discard(wid)
+            self.view.busy_until[wid] = INF
+            self.model[w] = None
+            self.view.worker_models[wid] = None
+            for b in self.dq[w]:
+                if b[B_FINISH] <= t:
+                    continue
+                b[B_FINISH] = max(b[B_START], t) if b[B_START] < t else b[B_START]
+                for i in b[B_MEMBERS]:
+                    self.status[i] = PENDING
+                    self.epoch[i] += 1
+                    self._push(t, "redispatch", i)
+            self.dq[w].clear()
+            self.qlen[w] = 0
+            # loads in progress are lost with the worker
+            self.free_at[w] = INF
+            self._push(t + duration, "up", w)
+
+    def _redispatch(self, i: int, t: float, plan: Plan | None) -> None:
+        p = int(self.wl.prompt_idx[i])
+        view = self.view
+        view.now_s = t
+        ids = plan.levels if plan is not None else ()
+        opt = self.wl.optimal.get(ids)
+        view.optimal_level = ids[opt[p]] if opt is not None else None
+        up_cache = self.cache_up(t)
+        view.cache_healthy = up_cache
+        if self.needs_similarity:
+            view.cache_similarity = self.similarity(p) if up_cache else None
+        req = Request(id=str(i), prompt=self.wl.prompts[p], arrival_s=float(self.wl.arrivals_s[i]), prompt_idx=p)
+        a = self.policy.route(req, plan, view)
+        if a.dropped or a.level is None:
+            self.status[i] = DROPPED
+            return
+        self._serve(i, p, t, a.level, a.worker, plan, stage=0)
+
+    def _defer(self, i: int, t: float, plan: Plan | None) -> None:
+        p = int(self.wl.prompt_idx[i])
+        view = self.view
+        view.now_s = t
+        req = Request(id=str(i), prompt=self.wl.prompts[p], arrival_s=float(self.wl.arrivals_s[i]), prompt_idx=p)
+        a = self.policy.route_heavy(req, plan, view)  # type: ignore[attr-defined]
+        self.deferred[i] = True
+        if a.dropped or a.level is None:
+            self.status[i] = DROPPED
+            self.level_arr[i] = -1
+            return
+        self._serve(i, p, t, a.level, a.worker, plan, stage=1)
+
+    # ---- data path mechanism ---------------------------------------------------------------
+
+    def _pick_up_worker(self, model: str) -> int | None:
+        best = None
+        best_key = (INF, INF)
+        for w in range(len(self.wids)):
+            if not self.up[w]:
+                continue
+            key = (0 if self.model[w] == model else 1, self.free_at[w])
+            if key < best_key:
+                best_key, best = key, w
+        return best
+
+    def _serve(
+        self, i: int, p: int, t: float, level_id: str, worker: str | None, plan: Plan | None, stage: int
+    ) -> None:
+        lv = self.levels.get(level_id)
+        if lv is None:
+            raise ConfigError(f"policy {self.policy.name!r} routed to unknown level {level_id!r}")
+        w = self.widx.get(worker) if worker is not None else None
+        if w is None or not self.up[w]:
+            w = self._pick_up_worker(lv.model)
+            if w is None:
+                self.status[i] = DROPPED
+                return
+        self.level_arrivals[level_id] = self.level_arrivals.get(level_id, 0) + 1
+        served = lv
+        extra = 0.0
+        hit = False
+        if lv.strategy is Strategy.AC and lv.skip > 0:
+            if self.cache_down and not self.cache_up(t):
+                extra = self.cfg.cache_timeout_s
+                served = self.levels[self.ac_base[level_id]]
+            else:
+                extra = self.cfg.cache_latency_s
+                if self.similarity(p) >= self.cfg.cache_min_similarity:
+                    hit = True
+                else:
+                    served = self.levels[self.ac_base[level_id]]
+        if self.model[w] != served.model:
+            self._load(w, served, t, False)
+        if self.cascade and stage == 0 and served.id == self.spec.light:
+            extra += self.spec.discriminator_latency_s
+        jit = self.jit[i] if self.jit is not None else 1.0
+        bsize = plan.batch_sizes.get(served.id, 1) if plan is not None and plan.batch_sizes else 1
+        dq = self.dq[w]
+        # bring the queue up to date before touching its tail
+        now = t
+        while dq and dq[0][B_FINISH] <= now:
+            self.qlen[w] -= dq.popleft()[B_SIZE]
+        last = dq[-1] if dq else None
+        if bsize > 1 and last is not None and last[B_START] > t and last[B_LEVEL] == served.id and last[B_SIZE] < bsize:
+            last[B_SIZE] += 1
+            last[B_MEMBERS].append(i)
+            last[B_FINISH] = last[B_START] + served.latency(last[B_SIZE]) * last[B_JIT] + max(last[B_EXTRA], extra)
+            last[B_EXTRA] = max(last[B_EXTRA], extra)
+            batch = last
+            self.qlen[w] += 1
+        else:
+            start = self.free_at[w] if self.free_at[w] > t else t
+            finish = start + served.latency(1) * jit + extra
+            batch = [start, finish, 1, served.id, [i], w, jit, extra]
+            dq.append(batch)
+            self.busy.append(batch)
+            self.qlen[w] += 1
+        self.free_at[w] = batch[B_FINISH]
+        self.view.busy_until[self.wids[w]] = batch[B_FINISH]
+        self.req_batch[i] = batch
+        self.status[i] = SERVED
+        self.level_arr[i] = self.cat_index[served.id]
+        self.quality[i] = self.wl.quality[served.id][p]
+        self.relative[i] = self.wl.relative[served.id][p]
+        self.hit[i] = hit
+        if served.strategy is Strategy.AC:
+            self.cached[p] = True
+        if self.cascade and stage == 0 and served.id == self.spec.light:
+            threshold = plan.thresholds.get(served.id, 0.0) if plan is not None else 0.0
+            if self.wl.confidence[p] < threshold:
+                self._push(batch[B_FINISH], "defer", i, int(self.epoch[i]), batch)
+
+
+def simulate(
+    policy: Policy,
+    workload: Workload,
+    config: SimConfig | None = None,
+    *,
+    progress: Callable[[float], None] | None = None,
+) -> SimResult:
+    """Replay ``workload`` through ``policy`` on a simulated cluster."""
+    return Simulator(policy, workload, config, progress=progress).run()
+
+
+def catalog_profiles(policy: Policy) -> Sequence[Profile]:
+    out = [policy.profile]
+    fb = getattr(policy.options, "fallback", None)
+    if fb is not None:
+        out.append(fb)
+    return out

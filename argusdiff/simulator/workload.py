@@ -1,0 +1,156 @@
+"""What a simulation replays: arrivals, prompts, per-prompt quality, predictions, cache geometry.
+
+Everything per prompt is precomputed here once (numpy arrays indexed by prompt row), so the event
+loop only indexes arrays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from argusdiff.domain import Profile
+from argusdiff.errors import ConfigError
+
+__all__ = ["Workload", "build_workload", "nearest_neighbours"]
+
+
+@dataclass
+class Workload:
+    """Arrivals (seconds, sorted) with prompt rows, and per-prompt tables.
+
+    ``quality[level_id]`` is each prompt's score at that level; ``relative[level_id]`` the score
+    divided by the prompt's score at the best level of the same profile. ``optimal[profile ids]``
+    is the classifier's predicted optimal level index per prompt. ``neighbours``/``neighbour_sim``
+    list, per prompt, the most similar other prompts (cosine, descending) for the cache model;
+    ``None`` means only an exact repeat of a prompt is a cache hit. ``confidence`` is the cascade
+    discriminator's confidence in the light image per prompt.
+    """
+
+    arrivals_s: np.ndarray
+    prompt_idx: np.ndarray
+    prompts: Sequence[str]
+    quality: dict[str, np.ndarray]
+    relative: dict[str, np.ndarray]
+    optimal: dict[tuple[str, ...], np.ndarray] = field(default_factory=dict)
+    neighbours: np.ndarray | None = None
+    neighbour_sim: np.ndarray | None = None
+    confidence: np.ndarray | None = None
+    classifier: str = "none"
+    quality_source: str = ""
+    similarity_source: str = "exact repeats only"
+    confidence_source: str = ""
+    trace_name: str = ""
+
+    def __post_init__(self) -> None:
+        self.arrivals_s = np.asarray(self.arrivals_s, dtype=np.float64)
+        self.prompt_idx = np.asarray(self.prompt_idx, dtype=np.int64)
+        if self.arrivals_s.shape != self.prompt_idx.shape:
+            raise ConfigError("workload: arrivals and prompt indices differ in length")
+        if len(self.arrivals_s) and np.any(np.diff(self.arrivals_s) < 0):
+            order = np.argsort(self.arrivals_s, kind="stable")
+            self.arrivals_s = self.arrivals_s[order]
+            self.prompt_idx = self.prompt_idx[order]
+        n = len(self.prompts)
+        if n == 0:
+            raise ConfigError("workload: empty prompt set")
+        if len(self.prompt_idx) and (self.prompt_idx.min() < 0):
+            raise ConfigError("workload: negative prompt index in the trace")
+        # a trace's prompt indices wrap around the prompt set
+        self.prompt_idx = self.prompt_idx % n
+
+    @property
+    def n_requests(self) -> int:
+        return len(self.arrivals_s)
+
+    @property
+    def duration_s(self) -> float:
+        return float(self.arrivals_s[-1]) if len(self.arrivals_s) else 0.0
+
+    def has_levels(self, profile: Profile) -> bool:
+        return all(lv in self.quality for lv in profile.ids)
+
+
+def nearest_neighbours(embeddings: np.ndarray, k: int = 16, block: int = 1024) -> tuple[np.ndarray, np.ndarray]:
+    """Top-``k`` most similar other prompts per prompt (rows L2-normalised), by blocks."""
+    emb = np.asarray(embeddings, dtype=np.float32)
+    n = emb.shape[0]
+    k = max(1, min(k, n - 1)) if n > 1 else 1
+    idx = np.zeros((n, k), dtype=np.int32)
+    sim = np.full((n, k), -1.0, dtype=np.float32)
+    if n < 2:
+        return idx, sim
+    for s in range(0, n, block):
+        e = emb[s : s + block]
+        scores = e @ emb.T
+        rows = np.arange(e.shape[0])
+        scores[rows, s + rows] = -np.inf  # not itself
+        part = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+        psim = np.take_along_axis(scores, part, axis=1)
+        order = np.argsort(-psim, axis=1)
+        idx[s : s + block] = np.take_along_axis(part, order, axis=1)
+        sim[s : s + block] = np.take_along_axis(psim, order, axis=1)
+    return idx, sim
+
+
+def build_workload(
+    arrivals_s: np.ndarray,
+    prompt_idx: np.ndarray,
+    prompts: Sequence[str],
+    tables: Mapping[str, tuple[Profile, Any]],
+    *,
+    classifiers: Mapping[str, Any] | None = None,
+    embeddings: np.ndarray | None = None,
+    confidence: np.ndarray | None = None,
+    classifier_desc: str = "none",
+    quality_source: str = "",
+    similarity_source: str | None = None,
+    confidence_source: str = "",
+    trace_name: str = "",
+) -> Workload:
+    """A workload from quality tables (one per profile, rows = ``prompts``) and optional classifiers
+    (per profile name; ``None``: the table's true optimal levels)."""
+    from argusdiff.policies.classifier import predict_level_indices
+
+    quality: dict[str, np.ndarray] = {}
+    relative: dict[str, np.ndarray] = {}
+    optimal: dict[tuple[str, ...], np.ndarray] = {}
+    for name, (profile, table) in tables.items():
+        table.check_levels(profile.ids)
+        if len(table) != len(prompts):
+            raise ConfigError(f"quality table for {name!r} has {len(table)} prompts, the prompt set has {len(prompts)}")
+        best = table.scores[:, 0]
+        safe = np.where(np.abs(best) > 1e-12, best, 1.0)
+        for j, lv in enumerate(profile.ids):
+            quality[lv] = table.scores[:, j].copy()
+            relative[lv] = table.scores[:, j] / safe
+        clf = (classifiers or {}).get(name)
+        if clf is None:
+            optimal[profile.ids] = np.asarray(table.optimal_levels(0.9), dtype=np.int64)
+        else:
+            optimal[profile.ids] = predict_level_indices(clf, prompts, profile.ids)
+    neighbours = sims = None
+    if embeddings is not None:
+        if len(embeddings) != len(prompts):
+            raise ConfigError(f"embeddings have {len(embeddings)} rows, the prompt set has {len(prompts)}")
+        neighbours, sims = nearest_neighbours(embeddings)
+    return Workload(
+        arrivals_s=arrivals_s,
+        prompt_idx=prompt_idx,
+        prompts=prompts,
+        quality=quality,
+        relative=relative,
+        optimal=optimal,
+        neighbours=neighbours,
+        neighbour_sim=sims,
+        confidence=None if confidence is None else np.asarray(confidence, dtype=np.float64),
+        classifier=classifier_desc,
+        quality_source=quality_source,
+        similarity_source=similarity_source
+        or ("MiniLM prompt embeddings (cosine)" if embeddings is not None else "exact repeats only"),
+        confidence_source=confidence_source,
+        trace_name=trace_name,
+    )
