@@ -298,9 +298,9 @@ def _make(kind: str, rng: np.random.Generator) -> str:
         tail = _pick(rng, ["", f" in the style of {_pick(rng, _ARTISTS)}"])
         return f"{_pick(rng, _STYLES)} of {subject}{tail}"
     if kind == "portrait":
-        return (
-            f"a close-up portrait photo of a {_pick(rng, _PEOPLE)} with {_pick(rng, _FEATURES)}, "
-            f"{_pick(rng, _PHOTO)}, detailed face"
+        lead = _pick(rng, ["a close-up portrait photo of", "a portrait of", "a candid photo of", "a headshot of"])
+        return f"{lead} a {_pick(rng, _PEOPLE)} with {_pick(rng, _FEATURES)}, {_pick(rng, _PHOTO)}" + _pick(
+            rng, ["", ", detailed face", ", looking at the camera", ", holding a cup of tea"]
         )
     if kind == "text":
         return _pick(rng, _TEXT_TEMPLATES).format(w=_pick(rng, _WORDS), c=_pick(rng, _COLORS))
@@ -332,14 +332,14 @@ def _make(kind: str, rng: np.random.Generator) -> str:
 
 #: kinds of built-in prompt and their share of the set (roughly DiffusionDB-like: art-heavy)
 BUILTIN_KINDS: dict[str, float] = {
-    "simple": 0.17,
-    "landscape": 0.12,
-    "style": 0.15,
-    "portrait": 0.14,
-    "text": 0.07,
+    "simple": 0.10,
+    "landscape": 0.07,
+    "style": 0.11,
+    "portrait": 0.18,
+    "text": 0.06,
     "counting": 0.08,
-    "spatial": 0.09,
-    "detailed": 0.18,
+    "spatial": 0.10,
+    "detailed": 0.30,
 }
 
 
