@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # pragma: no cover
-    from argusdiff.domain import ApproxLevel, CascadeSpec
+    from argusdiff.domain import ApproxLevel, CascadeSpec, Profile
     from cache.api import LatentCacheProtocol
     from workers.registry import ModelRegistry
 
@@ -26,6 +26,7 @@ __all__ = [
     "WorkItem",
     "WorkResult",
     "build_executor",
+    "executor_factory",
 ]
 
 #: Per-request timings every result reports (seconds; 0.0 when a phase did not happen).
@@ -119,6 +120,7 @@ class WorkResult:
     deferred: bool = False  # cascade: the light image was rejected and the heavy level redid it
     unet_calls: int = 0  # denoising network evaluations spent on this request
     finished_s: float = 0.0
+    cache_error: str | None = None  # the cache failed (CacheUnavailable); the request ran without it
 
     @property
     def ok(self) -> bool:
@@ -145,6 +147,7 @@ class WorkResult:
             "deferred": self.deferred,
             "unet_calls": self.unet_calls,
             "finished_s": self.finished_s,
+            "cache_error": self.cache_error,
         }
 
     @classmethod
@@ -166,6 +169,7 @@ class WorkResult:
             deferred=bool(data.get("deferred", False)),
             unet_calls=int(data.get("unet_calls") or 0),
             finished_s=float(data.get("finished_s") or 0.0),
+            cache_error=data.get("cache_error"),
         )
 
     @classmethod
@@ -202,27 +206,31 @@ def build_executor(
     registry: ModelRegistry,
     cache: LatentCacheProtocol | None = None,
     *,
-    judge: Callable[[Any], float] | None = None,
+    judge: Any = None,
     heavy: ApproxLevel | None = None,
     cascade: CascadeSpec | None = None,
     threshold: float | None = None,
     embed: Callable[[Sequence[str]], Any] | None = None,
+    capture_ks: Sequence[int] | None = None,
+    inline_heavy: bool = False,
+    refine_strength: float | None = None,
 ) -> LevelExecutor:
     """The executor for ``level`` (torch and diffusers are imported here, not at module import).
 
-    * ``ac`` levels: :class:`workers.ac.ApproxCacheExecutor` (needs ``cache`` for K > 0; without
-      a cache every request runs all N steps and nothing is stored);
+    * ``ac`` levels: :class:`workers.ac.ApproxCacheExecutor` (without a cache every request runs
+      all N steps and nothing is stored; ``capture_ks`` are the K latents stored per miss);
     * ``sm`` levels: :class:`workers.sm.ModelExecutor`;
-    * ``cascade`` levels: the light level of ``cascade`` with a ``judge`` becomes a
-      :class:`workers.cascade.CascadeExecutor` (defers to ``heavy``); any other cascade level is
-      a plain model executor.
+    * ``cascade`` levels: the light level of ``cascade`` with a ``judge`` (a discriminator or a
+      ``judge(image) -> confidence`` callable) becomes a :class:`workers.cascade.CascadeExecutor`
+      deferring to ``heavy`` below ``threshold`` (default: the middle of the profiled grid); any
+      other cascade level is a plain model executor.
     """
     from argusdiff.domain import Strategy
 
     if level.strategy is Strategy.AC:
         from workers.ac import ApproxCacheExecutor
 
-        return ApproxCacheExecutor(level, registry, cache=cache, embed=embed)
+        return ApproxCacheExecutor(level, registry, cache=cache, embed=embed, capture_ks=capture_ks)
     if level.strategy is Strategy.CASCADE and cascade is not None and level.id == cascade.light and judge is not None:
         from workers.cascade import CascadeExecutor
 
@@ -234,7 +242,52 @@ def build_executor(
             registry,
             judge=judge,
             threshold=cascade.thresholds[len(cascade.thresholds) // 2] if threshold is None else threshold,
+            inline_heavy=inline_heavy,
+            refine_strength=refine_strength,
         )
     from workers.sm import ModelExecutor
 
     return ModelExecutor(level, registry)
+
+
+def executor_factory(
+    profile: Profile,
+    registry: ModelRegistry,
+    cache: LatentCacheProtocol | None = None,
+    *,
+    judge: Any = None,
+    threshold: float | None = None,
+    embed: Callable[[Sequence[str]], Any] | None = None,
+    inline_heavy: bool = False,
+    refine_strength: float | None = None,
+) -> Callable[[str], LevelExecutor]:
+    """``factory(level_id) -> LevelExecutor`` for a profile, as :class:`workers.loop.Worker` needs.
+
+    AC executors capture every K the profile's AC levels of the same model use; a cascade light
+    level gets the judge and the heavy level from the profile's ``[cascade]`` table.
+    """
+
+    def factory(level_id: str) -> LevelExecutor:
+        level = profile.level(level_id)
+        capture = None
+        if level.strategy.value == "ac":
+            from workers.ac import ac_capture_ks
+
+            capture = ac_capture_ks(profile, level)
+        cascade = profile.cascade
+        heavy = profile.level(cascade.heavy) if cascade is not None else None
+        return build_executor(
+            level,
+            registry,
+            cache,
+            judge=judge,
+            heavy=heavy,
+            cascade=cascade,
+            threshold=threshold,
+            embed=embed,
+            capture_ks=capture,
+            inline_heavy=inline_heavy,
+            refine_strength=refine_strength,
+        )
+
+    return factory

@@ -275,7 +275,8 @@ def resume(
             img2img = _sdxl_img2img(model)
             img2img.scheduler.set_timesteps(n)
             start = k / n
-            cutoff = int(round(img2img.scheduler.config.num_train_timesteps * (1 - start)))
+            num_train = img2img.scheduler.config.num_train_timesteps
+            cutoff = round(num_train - start * num_train)  # as the img2img pipeline cuts
             remaining = int((img2img.scheduler.timesteps < cutoff).sum().item())
             if remaining != n - k:
                 raise UnsupportedScheduler(

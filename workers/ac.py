@@ -1,0 +1,241 @@
+"""Approximate caching (AC) levels: skip K of N denoising steps by resuming from the cached
+latent of a similar earlier prompt (NIRVANA; ARGUS §4.5).
+
+Per request an :class:`ApproxCacheExecutor`:
+
+1. embeds the prompt (MiniLM by default, or the ``embed`` callable given) and asks the cache
+   for a latent at this level's K for this model (``cache_lookup_s`` + ``latent_fetch_s``);
+2. on a hit whose metadata matches (model, scheduler, N, K, shape) resumes from it and runs only
+   N−K steps (``k_used = K``);
+3. on a miss (or a K = 0 level) runs all N steps, capturing the latents after every K the
+   deployment's AC levels use, and stores them with the prompt's embedding for later requests.
+
+A failing cache (:class:`cache.api.CacheUnavailable`) never fails the request: it runs all N
+steps and the result carries ``cache_error`` so the control plane can switch AC→SM.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from argusdiff.domain import ApproxLevel, Profile, Strategy
+from cache.api import CacheHit, CacheUnavailable, LatentCacheProtocol, LatentMeta
+from workers.errors import LatentMismatch, WorkerError
+from workers.executor import WorkItem, WorkResult
+from workers.pipelines import check_resumable, generate, latent_shape, resume
+from workers.registry import ModelRegistry
+from workers.sm import ModelExecutor, queue_wait, seeds_of
+
+__all__ = ["ApproxCacheExecutor", "ac_capture_ks", "default_embedder"]
+
+Embedder = Callable[[Sequence[str]], Any]
+
+
+def ac_capture_ks(profile: Profile, level: ApproxLevel) -> tuple[int, ...]:
+    """Every K > 0 that the profile's AC levels of ``level``'s model and N use (what to capture)."""
+    return tuple(
+        sorted(
+            {
+                lv.skip
+                for lv in profile.levels
+                if lv.strategy is Strategy.AC and lv.model == level.model and lv.steps == level.steps and lv.skip > 0
+            }
+        )
+    )
+
+
+def default_embedder() -> Embedder:
+    """The MiniLM prompt encoder of :mod:`traces.embeddings` (384-d, L2-normalised)."""
+    try:
+        from traces.embeddings import encode_prompts
+    except ImportError as exc:  # pragma: no cover - depends on the installed extras
+        raise WorkerError(
+            f"approximate caching needs a prompt encoder: traces.embeddings is unavailable ({exc}); "
+            "pass embed= or install the 'models' extra"
+        ) from None
+    return encode_prompts
+
+
+class ApproxCacheExecutor(ModelExecutor):
+    def __init__(
+        self,
+        level: ApproxLevel,
+        registry: ModelRegistry,
+        *,
+        cache: LatentCacheProtocol | None = None,
+        embed: Embedder | None = None,
+        capture_ks: Sequence[int] | None = None,
+        store: bool = True,
+    ) -> None:
+        super().__init__(level, registry)
+        if level.strategy is not Strategy.AC:
+            raise ValueError(f"level {level.id!r} is not an approximate-caching level")
+        self.cache = cache
+        self._embed = embed
+        ks = set(capture_ks or ())
+        if level.skip:
+            ks.add(level.skip)
+        self.capture_ks = tuple(sorted(k for k in ks if 0 < k < level.steps))
+        self.store_latents = store and cache is not None
+        self.stats = {"hits": 0, "misses": 0, "cache_errors": 0, "mismatches": 0, "stored": 0}
+
+    def embed(self, prompts: Sequence[str]) -> np.ndarray:
+        if self._embed is None:
+            self._embed = default_embedder()
+        out = np.asarray(self._embed(list(prompts)), dtype=np.float32)
+        return out.reshape(len(prompts), -1)
+
+    def _scheduler_name(self) -> str:
+        return check_resumable(self.loaded)
+
+    def _usable(self, hit: CacheHit, scheduler: str) -> bool:
+        meta = hit.meta
+        want = latent_shape(self.loaded)[1:]
+        got = tuple(meta.shape[-3:]) if meta.shape else tuple(np.shape(hit.latent)[-3:])
+        return (
+            meta.model == self.model
+            and meta.scheduler == scheduler
+            and meta.steps == self.level.steps
+            and hit.k == self.level.skip
+            and got == want
+            and tuple(np.shape(hit.latent)[-3:]) == want
+        )
+
+    def run(self, items: Sequence[WorkItem]) -> list[WorkResult]:
+        if not items:
+            return []
+        started = time.time()
+        model = self.loaded
+        scheduler = (
+            self._scheduler_name() if (self.capture_ks or self.level.skip) else type(model.pipe.scheduler).__name__
+        )
+        seeds = seeds_of(items)
+        k = self.level.skip
+        lookups: list[dict[str, Any]] = [{"lookup_s": 0.0, "fetch_s": 0.0, "hit": None, "error": None} for _ in items]
+        embeddings: np.ndarray | None = None
+        if self.cache is not None and (k > 0 or self.store_latents):
+            t0 = time.perf_counter()
+            try:
+                embeddings = self.embed([i.prompt for i in items])
+            except Exception as exc:
+                for entry in lookups:
+                    entry["error"] = f"prompt embedding failed: {exc}"
+                embeddings = None
+            embed_s = (time.perf_counter() - t0) / len(items)
+            for idx, entry in enumerate(lookups):
+                entry["lookup_s"] = embed_s
+                if embeddings is None or k == 0:
+                    continue
+                t1 = time.perf_counter()
+                try:
+                    hit = self.cache.lookup(embeddings[idx], k, model=self.model)
+                except CacheUnavailable as exc:
+                    entry["error"] = str(exc) or "cache unavailable"
+                    entry["lookup_s"] += time.perf_counter() - t1
+                    self.stats["cache_errors"] += 1
+                    continue
+                elapsed = time.perf_counter() - t1
+                if hit is not None:
+                    entry["lookup_s"] += hit.lookup_s
+                    entry["fetch_s"] = hit.fetch_s
+                    if self._usable(hit, scheduler):
+                        entry["hit"] = hit
+                    else:
+                        self.stats["mismatches"] += 1
+                else:
+                    entry["lookup_s"] += elapsed
+        hits = [i for i, e in enumerate(lookups) if e["hit"] is not None]
+        misses = [i for i, e in enumerate(lookups) if e["hit"] is None]
+        results: dict[int, WorkResult] = {}
+        if hits:
+            self.stats["hits"] += len(hits)
+            try:
+                gen = resume(
+                    model,
+                    [items[i].prompt for i in hits],
+                    [lookups[i]["hit"].latent for i in hits],
+                    k,
+                    [seeds[i] for i in hits],
+                    steps=self.level.steps,
+                )
+            except LatentMismatch:
+                self.stats["mismatches"] += len(hits)
+                misses = sorted(misses + hits)
+                hits = []
+            else:
+                for j, i in enumerate(hits):
+                    results[i] = self._result(
+                        items[i],
+                        seeds[i],
+                        gen.images[j],
+                        {
+                            "queue_wait_s": queue_wait(items[i], started),
+                            "cache_lookup_s": lookups[i]["lookup_s"],
+                            "latent_fetch_s": lookups[i]["fetch_s"],
+                            "denoise_s": gen.denoise_s,
+                            "decode_s": gen.decode_s,
+                            "batch": float(len(hits)),
+                        },
+                        cache_hit=True,
+                        k_used=k,
+                        unet_calls=gen.unet_calls,
+                    )
+        if misses:
+            self.stats["misses"] += len(misses)
+            capture = self.capture_ks if (self.store_latents and embeddings is not None) else ()
+            gen = generate(
+                model,
+                [items[i].prompt for i in misses],
+                [seeds[i] for i in misses],
+                steps=self.level.steps,
+                capture=capture,
+            )
+            for j, i in enumerate(misses):
+                error = lookups[i]["error"]
+                if capture and error is None:
+                    error = self._store(embeddings[i], {kk: lat[j] for kk, lat in gen.captured.items()}, scheduler)
+                results[i] = self._result(
+                    items[i],
+                    seeds[i],
+                    gen.images[j],
+                    {
+                        "queue_wait_s": queue_wait(items[i], started),
+                        "cache_lookup_s": lookups[i]["lookup_s"],
+                        "latent_fetch_s": lookups[i]["fetch_s"],
+                        "denoise_s": gen.denoise_s,
+                        "decode_s": gen.decode_s,
+                        "batch": float(len(misses)),
+                    },
+                    cache_hit=False,
+                    k_used=0,
+                    unet_calls=gen.unet_calls,
+                    cache_error=error,
+                )
+        return [results[i] for i in range(len(items))]
+
+    def _store(self, embedding: np.ndarray, latents: dict[int, Any], scheduler: str) -> str | None:
+        """Store one prompt's captured latents (fp16); returns an error message instead of raising."""
+        if not latents or self.cache is None:
+            return None
+        arrays = {int(kk): lat.detach().to("cpu").float().numpy().astype(np.float16) for kk, lat in latents.items()}
+        shape = next(iter(arrays.values())).shape
+        meta = LatentMeta(
+            model=self.model,
+            scheduler=scheduler,
+            steps=self.level.steps,
+            k=max(arrays),
+            shape=tuple(shape),
+            dtype="float16",
+            extra={"ks": ",".join(str(x) for x in sorted(arrays))},
+        )
+        try:
+            self.cache.store(embedding, arrays, meta)
+        except CacheUnavailable as exc:
+            self.stats["cache_errors"] += 1
+            return str(exc) or "cache unavailable"
+        self.stats["stored"] += 1
+        return None

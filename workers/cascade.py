@@ -1,0 +1,169 @@
+"""Cascade levels (DiffServe §3): the light model generates, a discriminator judges the image,
+and the request is either answered with the light image (confidence ≥ threshold) or deferred to
+the heavy level.
+
+Deferral has two modes:
+
+* ``inline_heavy=False`` (serving): the light worker returns a result with ``deferred=True`` and
+  no image; the worker loop hands the request to the heavy level's queue.
+* ``inline_heavy=True`` (``argusdiff generate``, benchmarks): the heavy model runs here.
+
+DiffServe's open idea, *heavy from the light latent*: when both models share a latent space
+(same VAE family, e.g. SD-Turbo → SD-1.5, SDXL-Lightning → SD-XL), the heavy model can start
+from the light model's final latent re-noised to ``refine_strength`` (SDEdit) and run only about
+``refine_strength × N`` steps instead of N. ``scripts/bench_workers.py`` measures it.
+
+The judge is anything with ``confidence(images) -> array`` (e.g.
+:class:`classifiers.discriminator.Discriminator`) or a callable ``judge(image) -> float``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from argusdiff.domain import ApproxLevel
+from workers.executor import WorkItem, WorkResult
+from workers.pipelines import generate, refine_from_latent
+from workers.registry import ModelRegistry
+from workers.sm import ModelExecutor, queue_wait, seeds_of
+
+__all__ = ["CascadeExecutor", "as_judge", "latents_compatible", "load_discriminator"]
+
+BatchJudge = Callable[[Sequence[Any]], Sequence[float]]
+
+
+def as_judge(judge: Any) -> BatchJudge:
+    """A batch judge from a discriminator object (``.confidence``) or a per-image callable."""
+    if hasattr(judge, "confidence"):
+        return lambda images: [float(c) for c in np.asarray(judge.confidence(list(images))).reshape(-1)]
+    if callable(judge):
+        return lambda images: [float(judge(img)) for img in images]
+    raise TypeError(f"a judge needs .confidence(images) or to be callable, got {type(judge).__name__}")
+
+
+def load_discriminator(path: str, *, device: str = "cpu") -> Any:
+    """Load the classifiers area's trained discriminator from ``path``."""
+    from classifiers.discriminator import Discriminator
+
+    return Discriminator.load(path, device=device)
+
+
+def latents_compatible(registry: ModelRegistry, light: str, heavy: str) -> bool:
+    """Whether ``heavy`` can refine ``light``'s latent: same family and latent geometry."""
+    a, b = registry.spec(light), registry.spec(heavy)
+    return a.family == b.family and (a.height, a.width) == (b.height, b.width)
+
+
+class CascadeExecutor(ModelExecutor):
+    """Runs the light level, judges each image, accepts or defers (see module docs)."""
+
+    def __init__(
+        self,
+        light: ApproxLevel,
+        heavy: ApproxLevel,
+        registry: ModelRegistry,
+        *,
+        judge: Any,
+        threshold: float,
+        inline_heavy: bool = False,
+        refine_strength: float | None = None,
+    ) -> None:
+        super().__init__(light, registry)
+        if not 0.0 <= threshold <= 1.0:
+            raise ValueError(f"cascade threshold must be in [0, 1], got {threshold}")
+        self.heavy = heavy
+        self.judge = as_judge(judge)
+        self.threshold = threshold
+        self.inline_heavy = inline_heavy
+        if refine_strength is not None and not latents_compatible(registry, light.model, heavy.model):
+            raise ValueError(
+                f"heavy-from-light-latent needs compatible models: {light.model!r} and {heavy.model!r} differ "
+                "in family or resolution"
+            )
+        self.refine_strength = refine_strength
+        self._heavy_exec = ModelExecutor(heavy, registry) if inline_heavy else None
+        self.stats = {"accepted": 0, "deferred": 0}
+
+    def set_threshold(self, threshold: float) -> None:
+        if not 0.0 <= threshold <= 1.0:
+            raise ValueError(f"cascade threshold must be in [0, 1], got {threshold}")
+        self.threshold = threshold
+
+    def run(self, items: Sequence[WorkItem]) -> list[WorkResult]:
+        if not items:
+            return []
+        started = time.time()
+        seeds = seeds_of(items)
+        gen = generate(self.loaded, [i.prompt for i in items], seeds, steps=self.level.steps)
+        t0 = time.perf_counter()
+        conf = list(self.judge(gen.images))
+        judge_s = time.perf_counter() - t0
+        if len(conf) != len(items):
+            raise ValueError(f"the judge returned {len(conf)} confidences for {len(items)} images")
+        results: list[WorkResult | None] = [None] * len(items)
+        deferred: list[int] = []
+        for idx, item in enumerate(items):
+            timings = {
+                "queue_wait_s": queue_wait(item, started),
+                "denoise_s": gen.denoise_s,
+                "decode_s": gen.decode_s,
+                "judge_s": judge_s,
+                "batch": float(len(items)),
+            }
+            if conf[idx] >= self.threshold:
+                self.stats["accepted"] += 1
+                results[idx] = self._result(
+                    item, seeds[idx], gen.images[idx], timings, confidence=conf[idx], unet_calls=gen.unet_calls
+                )
+            else:
+                self.stats["deferred"] += 1
+                deferred.append(idx)
+                results[idx] = WorkResult(
+                    request_id=item.request_id,
+                    level=self.heavy.id,
+                    timings=timings,
+                    requested_level=item.level,
+                    seed=seeds[idx],
+                    confidence=conf[idx],
+                    deferred=True,
+                    unet_calls=gen.unet_calls,
+                    finished_s=time.time(),
+                )
+        if deferred and self.inline_heavy:
+            self._run_heavy_inline(items, seeds, gen, deferred, results)
+        return [r for r in results if r is not None]
+
+    def _run_heavy_inline(self, items, seeds, light_gen, deferred: list[int], results: list) -> None:
+        heavy_model = self.registry.load(self.heavy.model)
+        prompts = [items[i].prompt for i in deferred]
+        dseeds = [seeds[i] for i in deferred]
+        if self.refine_strength is not None:
+            hgen = refine_from_latent(
+                heavy_model,
+                prompts,
+                light_gen.latents[deferred],
+                dseeds,
+                strength=self.refine_strength,
+                steps=self.heavy.steps,
+            )
+        else:
+            hgen = generate(heavy_model, prompts, dseeds, steps=self.heavy.steps)
+        for j, i in enumerate(deferred):
+            light = results[i]
+            timings = dict(light.timings)
+            timings["denoise_s"] += hgen.denoise_s
+            timings["decode_s"] += hgen.decode_s
+            results[i] = self._result(
+                items[i],
+                seeds[i],
+                hgen.images[j],
+                timings,
+                level=self.heavy.id,
+                confidence=light.confidence,
+                deferred=True,
+                unet_calls=light.unet_calls + hgen.unet_calls,
+            )

@@ -1,0 +1,249 @@
+"""The worker loop: take work for this worker's level from the :class:`~workers.queue.WorkQueue`,
+run it at the planned batch size, publish one result per request, and follow plan changes.
+
+* A worker serves one level at a time (ARGUS: a worker's approximation level is set by the
+  plan). :meth:`Worker.set_level` / :meth:`Worker.apply_plan` take effect at the next batch
+  boundary: the batch in hand finishes on the old level, requests still queued for the old level
+  stay in its queue for the workers that keep it, and the executor (and model, if it differs) for
+  the new level is built before the next ``get``. Nothing queued is dropped.
+* A batch is the first item (blocking up to ``poll_s``) plus whatever else is already queued,
+  up to the batch size.
+* Failures never lose a request: an executor error becomes an error result for each item of the
+  batch (``error_type`` names it); a cascade deferral is handed to the heavy level's queue.
+* :meth:`Worker.stop` finishes the batch in hand; items taken but not started are returned to
+  the queue (``nack``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from workers.executor import LevelExecutor, WorkItem, WorkResult
+from workers.queue import WorkQueue
+
+__all__ = ["Worker", "WorkerStats"]
+
+log = logging.getLogger("argusdiff.workers")
+
+
+@dataclass(slots=True)
+class WorkerStats:
+    batches: int = 0
+    processed: int = 0
+    failed: int = 0
+    handed_off: int = 0
+    switches: int = 0
+    busy_s: float = 0.0
+    switch_s: list[float] = field(default_factory=list)  # time to build each new level's executor
+
+
+class Worker:
+    """One GPU worker. ``executor_factory(level_id)`` builds (and loads) a level's executor."""
+
+    def __init__(
+        self,
+        worker_id: str,
+        queue: WorkQueue,
+        executor_factory: Callable[[str], LevelExecutor],
+        *,
+        level: str | None = None,
+        batch_size: int = 1,
+        poll_s: float = 0.2,
+        on_result: Callable[[WorkResult], None] | None = None,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.worker_id = worker_id
+        self.queue = queue
+        self.executor_factory = executor_factory
+        self.poll_s = poll_s
+        self.on_result = on_result
+        self.stats = WorkerStats()
+        self._lock = threading.Lock()
+        self._target_level = level
+        self._target_batch = batch_size
+        self._level: str | None = None
+        self._batch = batch_size
+        self._executors: dict[str, LevelExecutor] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.plan_version: int | None = None
+        self.last_error: str | None = None
+
+    # -- control path ------------------------------------------------------------------------
+    @property
+    def level(self) -> str | None:
+        """The level the worker is serving now (the target applies at the next batch)."""
+        return self._level
+
+    @property
+    def target_level(self) -> str | None:
+        return self._target_level
+
+    def set_level(self, level_id: str | None, batch_size: int | None = None) -> None:
+        """Serve ``level_id`` (None: idle) from the next batch on."""
+        with self._lock:
+            self._target_level = level_id
+            if batch_size is not None:
+                if batch_size < 1:
+                    raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+                self._target_batch = batch_size
+
+    def apply_plan(self, plan: Any) -> None:
+        """Follow a :class:`argusdiff.domain.Plan`: this worker's level and that level's batch size."""
+        level = plan.assignment.get(self.worker_id)
+        batch = plan.batch_sizes.get(level) if level is not None else None
+        self.plan_version = plan.version
+        self.set_level(level, batch)
+
+    def status(self) -> dict[str, Any]:
+        ex = self._executors.get(self._level) if self._level else None
+        registry = getattr(ex, "registry", None)
+        return {
+            "worker_id": self.worker_id,
+            "level": self._level,
+            "target_level": self._target_level,
+            "batch_size": self._batch,
+            "model": getattr(ex, "model", None),
+            "plan_version": self.plan_version,
+            "loaded_models": list(registry.loaded()) if registry is not None else [],
+            "load_times_s": dict(registry.load_times) if registry is not None else {},
+            "processed": self.stats.processed,
+            "failed": self.stats.failed,
+            "handed_off": self.stats.handed_off,
+            "switches": self.stats.switches,
+            "busy_s": self.stats.busy_s,
+            "last_error": self.last_error,
+        }
+
+    def _sync_target(self) -> bool:
+        """Adopt the target level; False when idle or the executor could not be built."""
+        with self._lock:
+            target, batch = self._target_level, self._target_batch
+        self._batch = batch
+        if target != self._level:
+            if target is not None and target not in self._executors:
+                t0 = time.perf_counter()
+                try:
+                    executor = self.executor_factory(target)
+                    # Load the model now, so the switch cost is paid before taking work.
+                    getattr(executor, "loaded", None)
+                except Exception as exc:
+                    self.last_error = f"cannot serve level {target!r}: {exc}"
+                    log.error("worker %s: %s", self.worker_id, self.last_error)
+                    with self._lock:
+                        if self._target_level == target:
+                            self._target_level = self._level
+                    return self._level is not None
+                self._executors = {target: executor}  # one level's executor at a time
+                self.stats.switch_s.append(time.perf_counter() - t0)
+            self._level = target
+            self.stats.switches += 1
+        return self._level is not None
+
+    # -- data path ---------------------------------------------------------------------------
+    def _take_batch(self, level: str) -> list[WorkItem]:
+        first = self.queue.get(level, timeout=self.poll_s)
+        if first is None:
+            return []
+        batch = [first]
+        while len(batch) < self._batch:
+            nxt = self.queue.get(level, timeout=0)
+            if nxt is None:
+                break
+            batch.append(nxt)
+        return batch
+
+    def _publish(self, item: WorkItem, result: WorkResult) -> None:
+        result = replace(result, worker_id=self.worker_id)
+        if result.deferred and result.image_png is None and result.error is None:
+            # Cascade: the light image was rejected; the heavy level redoes the request.
+            handoff = replace(
+                item,
+                level=result.level,
+                enqueue_s=time.time(),
+                attempt=0,
+                receipt=None,
+                meta={
+                    **item.meta,
+                    "deferred_from": item.level,
+                    "confidence": f"{result.confidence:.6f}" if result.confidence is not None else "",
+                },
+            )
+            self.queue.put(result.level, handoff)
+            self.stats.handed_off += 1
+        else:
+            self.queue.result(item.request_id, result)
+            if result.error is not None:
+                self.stats.failed += 1
+            else:
+                self.stats.processed += 1
+            if self.on_result is not None:
+                self.on_result(result)
+        self.queue.ack(item)
+
+    def run_once(self) -> int:
+        """Take and run at most one batch; returns the number of requests handled."""
+        if not self._sync_target():
+            self._stop.wait(self.poll_s)
+            return 0
+        level = self._level
+        assert level is not None
+        items = self._take_batch(level)
+        if not items:
+            return 0
+        if self._stop.is_set():
+            for item in items:
+                self.queue.nack(item)
+            return 0
+        executor = self._executors[level]
+        t0 = time.perf_counter()
+        try:
+            results = executor.run(items)
+            if len(results) != len(items):
+                raise RuntimeError(f"executor returned {len(results)} results for {len(items)} requests")
+        except Exception as exc:
+            log.exception("worker %s: batch of %d on %s failed", self.worker_id, len(items), level)
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            results = [WorkResult.failure(item, exc, worker_id=self.worker_id) for item in items]
+        self.stats.busy_s += time.perf_counter() - t0
+        self.stats.batches += 1
+        for item, result in zip(items, results, strict=True):
+            self._publish(item, result)
+        return len(items)
+
+    def run_forever(self) -> None:
+        while not self._stop.is_set():
+            self.run_once()
+
+    def drain(self, max_batches: int = 1_000_000) -> int:
+        """Run batches until this worker's queue is empty (tests, one-shot jobs)."""
+        done = 0
+        for _ in range(max_batches):
+            n = self.run_once()
+            if n == 0 and (self._level is None or self.queue.qsize(self._level) == 0):
+                break
+            done += n
+        return done
+
+    def start(self) -> Worker:
+        if self._thread is not None and self._thread.is_alive():
+            return self
+        self._stop.clear()
+        self._thread = threading.Thread(target=self.run_forever, name=f"worker-{self.worker_id}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float | None = 30.0) -> None:
+        self._stop.set()
+        wake = getattr(self.queue, "wake", None)
+        if wake is not None:
+            wake()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None

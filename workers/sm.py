@@ -1,0 +1,81 @@
+"""Smaller-model (SM) and one-step light levels: run the level's model for its N steps.
+
+One-step distilled models (SD-Turbo, SDXS style) are ordinary registry entries with
+``steps = 1`` and ``guidance = 0``; the level's ``steps`` decides N.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from argusdiff.domain import ApproxLevel
+from workers.executor import TIMING_KEYS, WorkItem, WorkResult
+from workers.pipelines import default_seed, generate, to_png
+from workers.registry import LoadedModel, ModelRegistry
+
+__all__ = ["ModelExecutor", "queue_wait", "seeds_of"]
+
+
+def seeds_of(items: Sequence[WorkItem]) -> list[int]:
+    return [item.seed if item.seed is not None else default_seed(item.request_id) for item in items]
+
+
+def queue_wait(item: WorkItem, started: float) -> float:
+    return max(0.0, started - item.enqueue_s) if item.enqueue_s else 0.0
+
+
+class ModelExecutor:
+    """Runs a level's model for all its steps (SM levels, light/heavy cascade levels, AC misses).
+
+    A batch runs as one pipeline call; each request reports the batch's denoise and decode time
+    (what it waited for) and the number of denoising-network calls its batch made.
+    """
+
+    def __init__(self, level: ApproxLevel, registry: ModelRegistry) -> None:
+        self.level = level
+        self.level_id = level.id
+        self.model = level.model
+        self.registry = registry
+        self.spec = registry.spec(level.model)  # unknown model: clear error before any work
+
+    @property
+    def loaded(self) -> LoadedModel:
+        return self.registry.load(self.model)
+
+    def _result(self, item: WorkItem, seed: int, image: Any, timings: dict[str, float], **kw: Any) -> WorkResult:
+        return WorkResult(
+            request_id=item.request_id,
+            level=kw.pop("level", self.level_id),
+            image_png=to_png(image),
+            timings={k: float(timings.get(k, 0.0)) for k in TIMING_KEYS}
+            | {k: float(v) for k, v in timings.items() if k not in TIMING_KEYS},
+            requested_level=item.level,
+            seed=seed,
+            finished_s=time.time(),
+            **kw,
+        )
+
+    def run(self, items: Sequence[WorkItem]) -> list[WorkResult]:
+        if not items:
+            return []
+        started = time.time()
+        model = self.loaded
+        seeds = seeds_of(items)
+        gen = generate(model, [i.prompt for i in items], seeds, steps=self.level.steps)
+        return [
+            self._result(
+                item,
+                seed,
+                image,
+                {
+                    "queue_wait_s": queue_wait(item, started),
+                    "denoise_s": gen.denoise_s,
+                    "decode_s": gen.decode_s,
+                    "batch": float(len(items)),
+                },
+                unet_calls=gen.unet_calls,
+            )
+            for item, seed, image in zip(items, seeds, gen.images, strict=True)
+        ]
