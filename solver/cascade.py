@@ -1,0 +1,271 @@
+"""DiffServe's cascade allocation MILP (DiffServe §3.3, Eq. 1-5).
+
+::
+
+    maximize   t
+    s.t.       e1(b1) + q1 + e2(b2) + q2 <= L              (latency, Eq. 1)
+               x1 * T1(b1) >= lambda * D                    (light throughput, Eq. 2)
+               x2 * T2(b2) >= lambda * D * f(t)             (heavy throughput, Eq. 3)
+               x1 + x2 <= S                                 (workers, Eq. 4)
+               b1, b2 in {1, 2, 4, 8, 16, 32},  t on the profiled f(t) grid, x1, x2 integer
+
+* ``e(b)`` is the profiled batch latency; the light level's also includes the discriminator
+  (``discriminator_latency_s`` per image, run on the light worker). ``T(b) = 60 b / e(b)`` QPM.
+* ``q`` is the queueing delay by Little's law, W = L_queue / arrival rate, from the observed
+  queue lengths and arrival rates: the light model's arrival rate is D; the heavy model's is the
+  observed ``arrival_heavy_qpm`` (what the controller saw last period) when given, else the
+  rate the candidate threshold would send it, D * f(t). A query arriving at an empty queue
+  waits 0; a non-empty queue with no arrivals makes that candidate infeasible.
+* ``lambda`` is the over-provisioning factor (1.05 in DiffServe) on the EWMA demand D.
+
+The choice of b1, b2 and t is encoded with binaries (one per batch size, one per grid point),
+which makes every function of them linear: the products x*T(b) become one integer count per
+batch size, and f(t), t and the heavy queueing delay become sums over the grid binaries. The
+model has about 230 columns for the 201-point grid, inside the size-limited gurobipy licence.
+
+When no threshold meets the demand, the plan is the maximum-throughput one (every worker on
+the light model at the largest batch the latency bound allows, t at the bottom of the grid) with
+``saturated=True`` and the shortfall in QPM; ``feasible`` is False when even that violates the
+latency bound.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from argusdiff.domain import ApproxLevel, CascadeSpec
+from argusdiff.errors import ConfigError
+from solver.backends import check_backend, solve_milp
+
+__all__ = ["BATCH_SIZES", "CascadePlan", "cascade_candidates", "solve_cascade"]
+
+BATCH_SIZES = (1, 2, 4, 8, 16, 32)
+
+
+@dataclass(frozen=True, slots=True)
+class CascadePlan:
+    x_light: int
+    x_heavy: int
+    b_light: int
+    b_heavy: int
+    threshold: float
+    deferral: float  # f(threshold)
+    feasible: bool
+    saturated: bool
+    shortfall_qpm: float
+    demand_qpm: float  # lambda * D, the demand planned for
+    capacity_light_qpm: float
+    capacity_heavy_qpm: float
+    latency_s: float  # e1 + q1 + e2 + q2 of the plan
+    solve_s: float = 0.0
+    backend: str = ""
+    notes: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def _light_latency(light: ApproxLevel, spec: CascadeSpec, b: int) -> float:
+    return light.latency(b) + spec.discriminator_latency_s * b
+
+
+def _little(queue: float, rate_qpm: float) -> float:
+    """Little's law W = L / lambda in seconds (0 for an empty queue)."""
+    if queue <= 0:
+        return 0.0
+    if rate_qpm <= 1e-9:
+        return math.inf
+    return queue * 60.0 / rate_qpm
+
+
+def cascade_candidates(spec: CascadeSpec, light: ApproxLevel, heavy: ApproxLevel, workers: int,
+                       demand_qpm: float, slo_s: float, *, queue_light: float = 0, queue_heavy: float = 0,
+                       overprovision: float = 1.05, arrival_heavy_qpm: float | None = None,
+                       batch_sizes: Sequence[int] = BATCH_SIZES):
+    """Every (t, b1, b2, x1, x2, latency) meeting Eq. 1-4 with the fewest workers per model, by
+    enumeration. The reference the MILP is tested against, and the answer it must match."""
+    D = demand_qpm * overprovision
+    q1 = _little(queue_light, demand_qpm)
+    out = []
+    for t, f in zip(spec.thresholds, spec.deferral, strict=True):
+        rate2 = arrival_heavy_qpm if arrival_heavy_qpm is not None else demand_qpm * f
+        q2 = _little(queue_heavy, rate2)
+        for b1 in batch_sizes:
+            e1 = _light_latency(light, spec, b1)
+            x1 = math.ceil(D / (60.0 * b1 / e1) - 1e-9) if D > 0 else 0
+            for b2 in batch_sizes:
+                e2 = heavy.latency(b2)
+                lat = e1 + q1 + e2 + q2
+                if lat > slo_s + 1e-9:
+                    continue
+                x2 = math.ceil(D * f / (60.0 * b2 / e2) - 1e-9) if D * f > 0 else 0
+                if x1 + x2 <= workers:
+                    out.append((t, b1, b2, x1, x2, lat))
+    return out
+
+
+def solve_cascade(
+    spec: CascadeSpec,
+    light: ApproxLevel,
+    heavy: ApproxLevel,
+    workers: int,
+    demand_qpm: float,
+    slo_s: float,
+    *,
+    queue_light: float = 0,
+    queue_heavy: float = 0,
+    overprovision: float = 1.05,
+    backend: str = "auto",
+    arrival_heavy_qpm: float | None = None,
+    batch_sizes: Sequence[int] = BATCH_SIZES,
+    time_limit_s: float = 5.0,
+) -> CascadePlan:
+    """Solve DiffServe's MILP for one period. See the module doc."""
+    t0 = time.perf_counter()
+    check_backend(backend)
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+        raise ConfigError(f"workers: must be an integer >= 0, got {workers!r}")
+    if not (math.isfinite(demand_qpm) and demand_qpm >= 0):
+        raise ConfigError(f"demand_qpm: must be a finite number >= 0, got {demand_qpm}")
+    if not (math.isfinite(slo_s) and slo_s > 0):
+        raise ConfigError(f"slo_s: must be > 0, got {slo_s}")
+    if not overprovision >= 1.0:
+        raise ConfigError(f"overprovision: must be >= 1, got {overprovision}")
+    if queue_light < 0 or queue_heavy < 0:
+        raise ConfigError("queue_light/queue_heavy: queue lengths must be >= 0")
+    if not batch_sizes or any(b < 1 for b in batch_sizes):
+        raise ConfigError(f"batch_sizes: must be positive integers, got {list(batch_sizes)}")
+    if light.id != spec.light or heavy.id != spec.heavy:
+        raise ConfigError(f"cascade spec is {spec.light} -> {spec.heavy}, got levels {light.id} -> {heavy.id}")
+
+    D = demand_qpm * overprovision
+    ts = np.asarray(spec.thresholds, dtype=np.float64)
+    fs = np.asarray(spec.deferral, dtype=np.float64)
+    K = len(ts)
+    B = list(batch_sizes)
+    nb = len(B)
+    e1 = np.array([_light_latency(light, spec, b) for b in B])
+    e2 = np.array([heavy.latency(b) for b in B])
+    T1 = 60.0 * np.array(B) / e1
+    T2 = 60.0 * np.array(B) / e2
+    q1 = _little(queue_light, demand_qpm)
+    rate2 = np.full(K, arrival_heavy_qpm) if arrival_heavy_qpm is not None else demand_qpm * fs
+    q2 = np.array([_little(queue_heavy, r) for r in rate2])
+    BIG_LAT = 1e6
+    q2 = np.where(np.isfinite(q2), q2, BIG_LAT)
+
+    # columns: z_k (K), s1_b (nb), s2_b (nb), x1_b (nb), x2_b (nb)
+    iz, is1, is2, ix1, ix2 = 0, K, K + nb, K + 2 * nb, K + 3 * nb
+    n = K + 4 * nb
+    rows, lo, hi = [], [], []
+
+    def add(coefs: dict[int, float] | np.ndarray, lo_v: float, hi_v: float) -> None:
+        r = np.zeros(n)
+        if isinstance(coefs, dict):
+            for j, c in coefs.items():
+                r[j] += c
+        else:
+            r[:] = coefs
+        rows.append(r)
+        lo.append(lo_v)
+        hi.append(hi_v)
+
+    r = np.zeros(n)
+    r[iz:iz + K] = 1
+    add(r, 1, 1)  # one threshold
+    r = np.zeros(n)
+    r[is1:is1 + nb] = 1
+    add(r, 1, 1)  # one light batch size
+    r = np.zeros(n)
+    r[is2:is2 + nb] = 1
+    add(r, 1, 1)  # one heavy batch size
+    # Eq. 1: sum s1 e1 + q1 + sum s2 e2 + sum z q2 <= L
+    r = np.zeros(n)
+    r[is1:is1 + nb] = e1
+    r[is2:is2 + nb] = e2
+    r[iz:iz + K] = q2
+    add(r, -np.inf, slo_s - q1)
+    # Eq. 2: sum_b x1_b T1(b) >= D
+    r = np.zeros(n)
+    r[ix1:ix1 + nb] = T1
+    add(r, D, np.inf)
+    # Eq. 3: sum_b x2_b T2(b) - D sum_k z_k f_k >= 0
+    r = np.zeros(n)
+    r[ix2:ix2 + nb] = T2
+    r[iz:iz + K] = -D * fs
+    add(r, 0, np.inf)
+    # Eq. 4
+    r = np.zeros(n)
+    r[ix1:ix1 + nb] = 1
+    r[ix2:ix2 + nb] = 1
+    add(r, -np.inf, workers)
+    # link counts to the chosen batch size: x_b <= S * s_b
+    for j in range(nb):
+        add({ix1 + j: 1.0, is1 + j: -float(workers)}, -np.inf, 0)
+        add({ix2 + j: 1.0, is2 + j: -float(workers)}, -np.inf, 0)
+    c = np.zeros(n)
+    c[iz:iz + K] = ts
+    # Secondary terms, together smaller than a tenth of the grid step so they never trade away
+    # threshold: the lowest latency for the same t, then the fewest workers.
+    steps = np.diff(ts)
+    room = 0.1 * float(steps[steps > 0].min()) if np.any(steps > 0) else 1e-3
+    w_lat = 0.5 * room / (float(e1.max() + e2.max()) + 1.0)
+    w_wrk = 0.5 * room / (workers + 1.0)
+    c[ix1:ix1 + 2 * nb] = -w_wrk
+    c[is1:is1 + nb] -= w_lat * e1
+    c[is2:is2 + nb] -= w_lat * e2
+    integ = np.ones(n, dtype=bool)
+    col_lo = np.zeros(n)
+    col_hi = np.concatenate([np.ones(K + 2 * nb), np.full(2 * nb, float(workers))])
+    A = np.vstack(rows)
+    res = solve_milp(c, A, np.array(lo), np.array(hi), col_lo, col_hi, integ, sense="max", backend=backend,
+                     time_limit_s=time_limit_s)
+    notes: list[str] = []
+    if res.ok:
+        x = np.rint(res.x).astype(int)
+        k = int(np.argmax(x[iz:iz + K]))
+        j1 = int(np.argmax(x[is1:is1 + nb]))
+        j2 = int(np.argmax(x[is2:is2 + nb]))
+        x1 = int(x[ix1:ix1 + nb].sum())
+        x2 = int(x[ix2:ix2 + nb].sum())
+        spare = workers - x1 - x2
+        if spare > 0:  # idle workers add headroom where utilisation is higher
+            u1 = D / (x1 * T1[j1]) if x1 else math.inf
+            u2 = D * fs[k] / (x2 * T2[j2]) if x2 else (math.inf if D * fs[k] > 0 else 0.0)
+            if u2 > u1:
+                x2 += spare
+            else:
+                x1 += spare
+        lat = e1[j1] + q1 + e2[j2] + q2[k]
+        return CascadePlan(
+            x_light=x1, x_heavy=x2, b_light=B[j1], b_heavy=B[j2], threshold=float(ts[k]), deferral=float(fs[k]),
+            feasible=True, saturated=False, shortfall_qpm=0.0, demand_qpm=D,
+            capacity_light_qpm=float(x1 * T1[j1]), capacity_heavy_qpm=float(x2 * T2[j2]),
+            latency_s=float(lat), solve_s=time.perf_counter() - t0, backend=res.backend,
+        )
+    if res.status not in ("infeasible",):
+        notes.append(f"{res.backend} returned {res.status} ({res.message}); planning for maximum throughput")
+    # Saturated: every worker on the light model, lowest threshold, largest batch meeting the SLO.
+    k = int(np.argmin(fs))
+    lat_ok = [j for j in range(nb) if e1[j] + q1 + e2[0] + q2[k] <= slo_s + 1e-9]
+    feasible = bool(lat_ok)
+    j1 = max(lat_ok, key=lambda j: T1[j]) if lat_ok else int(np.argmin(e1))
+    cap1 = workers * T1[j1]
+    shortfall = max(0.0, D - cap1)
+    saturated = shortfall > 0 or not feasible
+    if shortfall > 0:
+        notes.append(f"demand {D:.1f} QPM cannot be met: light capacity {cap1:.1f} QPM at b={B[j1]}")
+    if not feasible:
+        notes.append(f"no batch size meets the {slo_s:g} s latency bound with the observed queues")
+    return CascadePlan(
+        x_light=workers, x_heavy=0, b_light=B[j1], b_heavy=B[0], threshold=float(ts[k]), deferral=float(fs[k]),
+        feasible=feasible, saturated=saturated, shortfall_qpm=float(shortfall), demand_qpm=D,
+        capacity_light_qpm=float(cap1), capacity_heavy_qpm=0.0,
+        latency_s=float(e1[j1] + q1 + e2[0] + q2[k]), solve_s=time.perf_counter() - t0, backend=res.backend,
+        notes=tuple(notes),
+    )
