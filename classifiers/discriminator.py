@@ -154,9 +154,7 @@ class Discriminator:
         p = Path(path)
         meta = DiscriminatorMeta.from_json(read_meta(p, META_NAME, KIND, FORMAT_VERSION))
         if light is not None and meta.light is not None and light != meta.light:
-            raise ModelMismatchError(
-                f"{p}: discriminator was trained on images of level {meta.light!r}, not {light!r}"
-            )
+            raise ModelMismatchError(f"{p}: discriminator was trained on images of level {meta.light!r}, not {light!r}")
         if profile is not None and meta.profile is not None and profile != meta.profile:
             raise ModelMismatchError(f"{p}: discriminator was trained for profile {meta.profile!r}, not {profile!r}")
         weights = p / "model.safetensors"
@@ -241,9 +239,9 @@ def roc_auc(scores_pos: Sequence[float], scores_neg: Sequence[float]) -> float:
     return float((ranks[: len(pos)].sum() - len(pos) * (len(pos) + 1) / 2) / (len(pos) * len(neg)))
 
 
-def deferral_curve(light_confidence: Sequence[float], thresholds: Sequence[float] | None = None) -> tuple[
-    tuple[float, ...], tuple[float, ...]
-]:
+def deferral_curve(
+    light_confidence: Sequence[float], thresholds: Sequence[float] | None = None
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """f(t): the share of light-model images with confidence < t (deferred to the heavy model),
     on ``thresholds`` (default: DiffServe's 201-point grid 0, 0.005, ..., 1). Non-decreasing in t."""
     conf = np.sort(np.asarray(light_confidence, dtype=np.float64))

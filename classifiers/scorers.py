@@ -71,7 +71,7 @@ class ClipEmbedder:
                 clip.load_state_dict(state, strict=True)
             except Exception as exc:  # unpickling refused, wrong keys or shapes
                 raise ModelFormatError(f"{pretrained}: cannot load as {name!r} weights: {exc}") from None
-        self.model = clip.eval()
+        self.model = clip.eval().requires_grad_(False)
         self.preprocess = preprocess
         self.tokenizer = open_clip.get_tokenizer(name)
         self.name = name

@@ -102,7 +102,7 @@ def test_select_levels_and_single_class_error(tiny_bert):  # noqa: F811
 
 
 def test_training_learns_a_separable_task(trained):
-    table, clf, report = trained
+    table, _clf, report = trained
     losses = [h["train_loss"] for h in report.history]
     assert losses[-1] < 0.5 * losses[0]
     assert report.accuracy >= 0.9  # chance is 1/3
@@ -268,8 +268,8 @@ def test_cli_train_classifier(tiny_bert, tmp_path, capsys):  # noqa: F811
     assert report["n_train"] + report["n_val"] == 90 and report["epochs_run"] == 3
     assert LevelClassifier.load(out).level_ids == ("l0", "l1", "l2")
     # wrong profile for the table's levels: exit 2 with a message naming the level
-    assert main(argv[:7] + ["--profile", "sm-a100", "--no-progress"]) == 2
+    assert main([*argv[:7], "--profile", "sm-a100", "--no-progress"]) == 2
     assert "sd-xl" in capsys.readouterr().err
     assert main(["train-classifier", "--table", str(tmp_path / "missing.csv"), "--out", str(out)]) == 2
-    assert main(argv[:7] + ["--epochs", "0"]) == 2
+    assert main([*argv[:7], "--epochs", "0"]) == 2
     assert "--epochs" in capsys.readouterr().err
