@@ -1,0 +1,106 @@
+"""``argusdiff plan``: text and JSON output, cascades, bad options exit 2 naming the option."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from argusdiff.cli import main
+
+
+def run(capsys, *argv):
+    code = main(["plan", *argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_plan_text(capsys):
+    code, out, _ = run(capsys, "--profile", "sdxl-ac-a100", "--gpus", "8", "--load-qpm", "180")
+    assert code == 0
+    assert "expected mean quality 0.9328" in out
+    assert "PASM" in out
+    table = out.split("PASM")[0]
+    lines = {ln.split()[0]: ln.split() for ln in table.splitlines() if ln.startswith("sdxl-k")}
+    assert lines["sdxl-k15"][1] == "1" and lines["sdxl-k20"][1] == "7"
+
+
+def test_plan_json_with_affinity(capsys):
+    code, out, _ = run(capsys, "--profile", "sdxl-ac-a100", "--gpus", "8", "--load-qpm", "300",
+                       "--affinity", "0.2,0.2,0.2,0.2,0.1,0.1", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["saturated"] is True and data["shortfall_qpm"] > 0
+    assert data["counts"] == [0, 0, 0, 0, 0, 8]
+    assert len(data["pasm"]) == 6 and all(abs(sum(r) - 1) < 1e-9 for r in data["pasm"])
+    # everything is served at the fastest level: every row maps there
+    assert all(r[-1] == pytest.approx(1.0) for r in data["pasm"])
+    assert data["affinity"] == pytest.approx([0.2, 0.2, 0.2, 0.2, 0.1, 0.1])
+
+
+@pytest.mark.parametrize("formulation", ["exact", "aggregated", "paper"])
+def test_plan_formulations_agree(capsys, formulation):
+    code, out, _ = run(capsys, "--profile", "sm-a100", "--gpus", "6", "--load-qpm", "120", "--json",
+                       "--formulation", formulation, "--backend", "highs", "--affinity", "sd-xl=1,tiny-sd=1")
+    assert code == 0
+    data = json.loads(out)
+    ref = json.loads(subprocess.run(
+        [sys.executable, "-m", "argusdiff", "plan", "--profile", "sm-a100", "--gpus", "6", "--load-qpm", "120",
+         "--json"], capture_output=True, text=True, check=True).stdout)
+    assert data["expected_quality"] == pytest.approx(ref["expected_quality"], abs=1e-9)
+
+
+def test_plan_with_current_reports_moves(capsys):
+    cur = ",".join(["sdxl-k10"] * 4 + ["sdxl-k15"] * 4)
+    code, out, _ = run(capsys, "--profile", "sdxl-ac-a100", "--gpus", "8", "--load-qpm", "160", "--current", cur)
+    assert code == 0
+    assert "moved workers: 1" in out
+
+
+def test_plan_cascade(capsys):
+    code, out, _ = run(capsys, "--profile", "cascade-sdturbo-sdv15", "--gpus", "16", "--load-qpm", "1500", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["threshold"] == pytest.approx(0.195)
+    assert data["x_light"] + data["x_heavy"] == 16
+    code, out, _ = run(capsys, "--profile", "cascade-sdturbo-sdv15", "--gpus", "16", "--load-qpm", "1500")
+    assert "threshold t = 0.195" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--gpus", "-2", "--load-qpm", "10"], "--gpus"),
+        (["--gpus", "x", "--load-qpm", "10"], "--gpus"),
+        (["--gpus", "4", "--load-qpm", "-1"], "--load-qpm"),
+        (["--gpus", "4", "--load-qpm", "nan"], "--load-qpm"),
+        (["--gpus", "4", "--load-qpm", "10", "--affinity", "1,2"], "--affinity"),
+        (["--gpus", "4", "--load-qpm", "10", "--affinity", "a,b,c,d,e,f"], "--affinity"),
+        (["--gpus", "4", "--load-qpm", "10", "--affinity", "nope=1"], "--affinity"),
+        (["--gpus", "4", "--load-qpm", "10", "--formulation", "magic"], "--formulation"),
+        (["--gpus", "4", "--load-qpm", "10", "--backend", "cplex"], "--backend"),
+        (["--gpus", "4", "--load-qpm", "10", "--margin", "0.5"], "--margin"),
+        (["--gpus", "2", "--load-qpm", "10", "--current", "sdxl-k0"], "--current"),
+        (["--gpus", "4", "--load-qpm", "10", "--profile", "no-such-profile"], "no-such-profile"),
+        (["--load-qpm", "10"], "--gpus"),
+    ],
+)
+def test_bad_options_exit_2(capsys, argv, needle):
+    if "--profile" not in argv:
+        argv = ["--profile", "sdxl-ac-a100", *argv]
+    with pytest.raises(SystemExit) as exc:
+        code = main(["plan", *argv])
+        raise SystemExit(code)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert needle in err
+    assert "Traceback" not in err
+
+
+def test_plan_zero_gpus(capsys):
+    code, out, _ = run(capsys, "--profile", "sdxl-ac-a100", "--gpus", "0", "--load-qpm", "10", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["saturated"] and data["shortfall_qpm"] == 10
