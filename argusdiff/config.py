@@ -185,9 +185,10 @@ class ServiceConfig(_Section):
     cache_window: int = Field(50, ge=1, description="recent cache lookups the health monitor looks at")
     cache_probe_period_s: float = Field(5.0, gt=0, description="how often a degraded cache is probed")
     switch_margin: float = Field(1.5, ge=1.0, description="capacity margin while small models load (ARGUS §4.6)")
-    classify_batch: int = Field(32, ge=1, description="largest prompt batch the classifier sees at once")
-    classify_wait_s: float = Field(0.005, ge=0, description="how long a prompt waits for its classifier batch")
-    classifier_path: str | None = Field(None, description="trained LevelClassifier directory; None: no classifier")
+    fallback_profile: str | None = Field(
+        None, description="SM profile an AC deployment switches to when the cache degrades (ARGUS §4.6)"
+    )
+    public_url: str | None = Field(None, description="base URL in `url` responses; None: the request's own host")
     stand_in_scale: float | None = Field(
         None, gt=0, description="TEST MODE: stand-in workers sleep the profiled latency x this scale, no models"
     )

@@ -79,3 +79,82 @@ def service_env(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def service_settings(profile: str = "sm-a100", **service: object):
+    """Settings for a test service: stand-in workers (TEST MODE) unless overridden, short periods."""
+    from argusdiff.config import Settings
+
+    base = {
+        "workers": 2,
+        "stand_in_scale": 0.001,
+        "control_period_s": 0.5,
+        "heartbeat_s": 0.1,
+        "worker_timeout_s": 1.0,
+        "port": 0,
+        "policy": "argus",
+    }
+    base.update(service)
+    return Settings.model_validate({"profile": profile, "service": base, "solver": {"backend": "highs"}})
+
+
+class LiveServer:
+    """A :class:`~argusdiff.service.app.Service` behind uvicorn on a free port, in a thread."""
+
+    def __init__(self, service, port: int | None = None) -> None:
+        import threading
+
+        import uvicorn
+
+        from argusdiff.service.api import create_app
+
+        self.service = service
+        self.port = port or free_port()
+        self.app = create_app(service)
+        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="uvicorn-test", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, *, ready: bool = True, timeout: float = 30.0) -> LiveServer:
+        import httpx
+
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.server.started:
+                if not ready:
+                    return self
+                try:
+                    if httpx.get(f"{self.url}/readyz", timeout=1.0).status_code == 200:
+                        return self
+                except httpx.HTTPError:
+                    pass
+            if not self.thread.is_alive():
+                raise RuntimeError("the test server exited")
+            time.sleep(0.02)
+        raise RuntimeError("the test server did not become ready")
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+
+
+@pytest.fixture
+def live_service(service_env):
+    """Factory: ``live_service(settings) -> LiveServer`` (stopped at teardown)."""
+    from argusdiff.service.app import Service
+
+    servers: list[LiveServer] = []
+
+    def make(settings=None, **kwargs) -> LiveServer:
+        server = LiveServer(Service(settings or service_settings(), **kwargs))
+        servers.append(server)
+        return server.start(ready=kwargs.pop("ready", True) if "ready" in kwargs else True)
+
+    yield make
+    for s in servers:
+        s.stop()

@@ -1,0 +1,178 @@
+"""Assembly of one service instance: profile, policy, router, control loop, queues, workers.
+
+``Service(settings)`` builds everything from a :class:`~argusdiff.config.Settings`; ``await
+service.start()`` starts the dispatch, the control loop and any embedded workers;
+``await service.stop()`` stops them (embedded workers finish the batch in hand).
+
+* Embedded (``[service] redis_url`` unset): in-process queues, ``[service] workers`` worker
+  threads in this process.
+* Distributed (``redis_url`` set): Redis Streams; workers are separate ``argusdiff worker``
+  processes (``workers`` embedded ones may still be started, e.g. for a single-box deployment).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+
+from argusdiff.config import Settings
+from argusdiff.domain import Profile, Strategy
+from argusdiff.policies import PolicyOptions, make_policy
+from argusdiff.profile import load_profile
+from argusdiff.service.control import ControlLoop
+from argusdiff.service.dispatch import LocalDispatch, RedisDispatch
+from argusdiff.service.executors import ExecutorFactory, build_cache, level_table
+from argusdiff.service.health import CacheHealth
+from argusdiff.service.metrics import ServiceMetrics
+from argusdiff.service.router import Router
+from argusdiff.service.store import LocalControlStore, RedisControlStore
+from argusdiff.service.worker import ServiceWorker
+
+__all__ = ["Service", "load_classifier", "policy_options"]
+
+log = logging.getLogger("argusdiff.service")
+
+
+def policy_options(settings: Settings, profile: Profile, fallback: Profile | None) -> PolicyOptions:
+    s = settings.service
+    return PolicyOptions(
+        slo_s=profile.default_slo_s(),
+        period_s=s.control_period_s,
+        ewma_alpha=settings.predictor.ewma_alpha,
+        affinity_window=settings.predictor.affinity_window,
+        backend=settings.solver.backend,
+        switch_tolerance=settings.solver.switch_tolerance,
+        time_limit_s=settings.solver.time_limit_s,
+        overprovision=settings.solver.overprovision,
+        fallback=fallback,
+        cache_latency_limit_s=s.cache_latency_threshold_s,
+        cache_error_limit=s.cache_error_threshold,
+        switch_margin=s.switch_margin,
+    )
+
+
+def load_classifier(settings: Settings, profile: Profile) -> Any:
+    """The batched level classifier for the profile's strategy (``[classifier] models``), or None."""
+    strategy = next(iter(sorted(profile.strategies)), Strategy.AC)
+    path = settings.classifier.models.get(strategy.value)
+    if path is None:
+        return None
+    from classifiers.level import BatchedClassifier, LevelClassifier
+
+    clf = LevelClassifier.load(path, level_ids=profile.ids)
+    return BatchedClassifier(clf, max_batch=settings.classifier.max_batch, max_wait_s=settings.classifier.max_wait_s)
+
+
+class Service:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        profile: Profile | None = None,
+        classifier: Any = None,
+        executor_factory: Any = None,
+        cache: Any = None,
+        cache_probe: Any = None,
+    ) -> None:
+        self.settings = settings
+        cfg = self.config = settings.service
+        self.profile = profile or load_profile(settings.profile)
+        self.fallback = load_profile(cfg.fallback_profile) if cfg.fallback_profile else None
+        self.levels = level_table(self.profile, self.fallback)
+        self.metrics = ServiceMetrics()
+        if classifier is None:
+            classifier = load_classifier(settings, self.profile)
+        self.classifier = classifier
+        self.policy = make_policy(
+            cfg.policy,
+            self.profile,
+            rng=np.random.default_rng(cfg.seed),
+            classifier=classifier,
+            config=policy_options(settings, self.profile, self.fallback),
+        )
+        if cfg.redis_url:
+            self.dispatch: Any = RedisDispatch(cfg.redis_url, namespace=cfg.namespace, result_ttl_s=cfg.result_ttl_s)
+            self.store: Any = RedisControlStore(self.dispatch.queue)
+        else:
+            self.dispatch = LocalDispatch(cfg.result_ttl_s)
+            self.store = LocalControlStore()
+        self.cache_health = CacheHealth(
+            cfg.cache_window, latency_limit_s=cfg.cache_latency_threshold_s, error_limit=cfg.cache_error_threshold
+        )
+        self.router = Router(
+            profile=self.profile,
+            policy=self.policy,
+            dispatch=self.dispatch,
+            metrics=self.metrics,
+            config=cfg,
+            classifier=classifier,
+            fallback=self.fallback,
+            cache_health=self.cache_health,
+        )
+        real_workers = cfg.workers > 0 and cfg.stand_in_scale is None and executor_factory is None
+        if cache is None and real_workers:
+            cache = build_cache(settings, self.profile)
+        self.cache = cache
+        if cache_probe is None and cache is not None:
+            cache_probe = self._probe_latent_cache
+        self.factory = executor_factory or ExecutorFactory(
+            self.profile, settings, fallback=self.fallback, cache=cache, stand_in_scale=cfg.stand_in_scale
+        )
+        self.control = ControlLoop(
+            router=self.router,
+            store=self.store,
+            queue=self.dispatch.queue,
+            metrics=self.metrics,
+            period_s=cfg.control_period_s,
+            heartbeat_s=cfg.heartbeat_s,
+            level_ids=tuple(self.levels),
+            cache_probe=cache_probe,
+        )
+        self.workers = [
+            ServiceWorker(
+                f"local-{i}",
+                self.dispatch.queue,
+                self.store,
+                self.factory,
+                heartbeat_s=cfg.heartbeat_s,
+                ttl_s=cfg.worker_timeout_s,
+                poll_s=settings.workers.poll_s,
+                level_ids=tuple(self.levels),
+            )
+            for i in range(cfg.workers)
+        ]
+        self.started = False
+
+    def _probe_latent_cache(self) -> None:
+        """One lookup of a random unit vector: exercises the index and the store's reachability."""
+        dim = self.settings.cache.embedding_dim
+        vec = np.random.default_rng().standard_normal(dim).astype(np.float32)
+        vec /= np.linalg.norm(vec)
+        ac = [lv for lv in self.profile.levels if lv.strategy is Strategy.AC and lv.skip > 0]
+        k = ac[0].skip if ac else 1
+        self.cache.lookup(vec, k, model=self.profile.best.model)
+
+    async def start(self) -> None:
+        await self.dispatch.start()
+        for w in self.workers:
+            w.heartbeat_once()  # known to the first plan
+            w.start()
+        self.control.start()
+        self.started = True
+
+    async def stop(self) -> None:
+        await self.control.stop()
+        for w in self.workers:
+            w.stop()
+        await self.dispatch.close()
+        close = getattr(self.classifier, "close", None)
+        if callable(close):
+            close()
+        self.started = False
+
+    def ready(self) -> bool:
+        plan = self.router.plan
+        ok = plan is not None and any(lv is not None for lv in plan.assignment.values())
+        return ok and (self.dispatch.mode != "redis" or self.dispatch.healthy)

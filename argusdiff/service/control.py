@@ -1,0 +1,262 @@
+"""The control path, live: every period (and at once when a worker joins or dies) collect the
+cluster's stats, run the policy's ``plan()``, publish the plan to the router and the workers.
+
+One :meth:`ControlLoop.tick`:
+
+1. heartbeats → the workers that are up; a worker whose heartbeat expired is dead: its pending
+   work items are re-queued (Redis: XPENDING/XCLAIM of its consumer) and it leaves the plan;
+2. background cache probes while the cache is degraded (ARGUS §4.6), so the policy can switch
+   approximate caching back on;
+3. ``ClusterStats`` (arrivals, optimal-level counts H, per-level queues, which worker runs or loads
+   which level, cache latency and error rate) → ``policy.plan()`` → publish;
+4. queued work of a level the new plan no longer serves moves to the nearest served level
+   (faster first), so nothing waits for a worker that will never come.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from argusdiff.domain import ClusterStats, Plan, Strategy
+from argusdiff.service.metrics import ServiceMetrics
+
+__all__ = ["ControlLoop"]
+
+log = logging.getLogger("argusdiff.control")
+
+
+class ControlLoop:
+    def __init__(
+        self,
+        *,
+        router: Any,
+        store: Any,
+        queue: Any,
+        metrics: ServiceMetrics,
+        period_s: float,
+        heartbeat_s: float,
+        level_ids: tuple[str, ...],
+        cache_probe: Callable[[], Any] | None = None,
+        probe_burst: int = 3,
+        clock=time.time,
+    ) -> None:
+        self.router = router
+        self.policy = router.policy
+        self.store = store
+        self.queue = queue
+        self.metrics = metrics
+        self.period_s = period_s
+        self.heartbeat_s = heartbeat_s
+        self.level_ids = level_ids
+        self.cache_probe = cache_probe
+        self.probe_burst = probe_burst
+        self.clock = clock
+        self.plan: Plan | None = None
+        self.alive: dict[str, dict[str, Any]] = {}
+        self.last_tick = clock()
+        self.ticks = 0
+        self.requeued = 0
+        self.migrated = 0
+        self.last_error: str | None = None
+        self._version = 0
+        self._task: asyncio.Task | None = None
+        self._wake = asyncio.Event()
+
+    # -- one period ------------------------------------------------------------------------
+
+    def adopt_published(self) -> None:
+        """After a restart: continue the published plan's version numbers."""
+        try:
+            prev = self.store.read_plan()
+        except Exception as exc:
+            log.warning("cannot read the published plan: %s", exc)
+            return
+        if prev is not None:
+            self._version = max(self._version, prev.version)
+
+    def _requeue_dead(self, dead: set[str]) -> int:
+        moved = 0
+        for w in sorted(dead):
+            for lv in self.level_ids:
+                moved += int(self.queue.requeue_consumer(lv, w) or 0)
+            self.store.forget_worker(w)
+            log.warning("worker %s stopped heartbeating: removed from the plan", w)
+        return moved
+
+    def _probe_cache(self) -> None:
+        health = self.router.cache_health
+        if self.cache_probe is None:
+            return
+        primary_ac = self.router.profile.strategies == {Strategy.AC}
+        switched = self.plan is not None and primary_ac and self.plan.strategy is not Strategy.AC
+        if health.healthy and not switched:
+            return
+        ok = 0
+        for _ in range(self.probe_burst):
+            t0 = time.perf_counter()
+            try:
+                self.cache_probe()
+            except Exception as exc:
+                health.record(None, error=True)
+                self.metrics.cache_lookups.labels("error").inc()
+                log.info("cache probe failed: %s", exc)
+                return
+            dt = time.perf_counter() - t0
+            if dt <= health.latency_limit_s:
+                ok += 1
+        if ok == self.probe_burst:
+            health.reset()
+            for _ in range(self.probe_burst):
+                health.record(0.0)
+
+    def step(self, period: tuple[int, Counter[str], Counter[str]]) -> Plan:
+        """The synchronous part of a tick (runs in a thread: Redis calls, the solver)."""
+        arrivals, affinity, level_arrivals = period
+        now = self.clock()
+        elapsed = max(1e-3, now - self.last_tick)
+        self.last_tick = now
+        alive, dead = self.store.heartbeats()
+        if dead:
+            n = self._requeue_dead(dead)
+            self.requeued += n
+            if n:
+                self.metrics.requeued.inc(n)
+        self.alive = alive
+        self._probe_cache()
+        level_queue: dict[str, int] = {}
+        for lv in self.level_ids:
+            try:
+                level_queue[lv] = int(self.queue.qsize(lv)) + int(self.queue.pending(lv))
+            except Exception as exc:
+                log.warning("queue depth of %s unavailable: %s", lv, exc)
+        workers = tuple(sorted(alive))
+        current = {w: info.get("level") for w, info in alive.items()}
+        loading = {w: info["loading"] for w, info in alive.items() if info.get("loading")}
+        view_q = {}
+        if self.plan is not None:
+            view = self.router.view(now, self.plan, None, self.policy.slo_s)
+            view_q = {w: view.queue_lengths.get(w, 0) for w in workers}
+        health = self.router.cache_health
+        stats = ClusterStats(
+            now_s=now,
+            period_s=elapsed,
+            arrivals=arrivals,
+            workers=workers,
+            queue_lengths=view_q,
+            current=current,
+            loading=loading,
+            affinity=dict(affinity),
+            cache_latency_s=health.median_latency_s(),
+            cache_error_rate=health.error_rate(),
+            level_queue=level_queue,
+            level_arrivals=dict(level_arrivals),
+        )
+        plan = self.policy.plan(stats)
+        plan.validate()
+        self._version = max(self._version + 1, plan.version)
+        plan = dataclasses.replace(plan, version=self._version)
+        self.store.publish_plan(plan)
+        self._migrate_orphans(plan, level_queue)
+        self._observe(plan)
+        self.plan = plan
+        self.ticks += 1
+        return plan
+
+    def _migrate_orphans(self, plan: Plan, level_queue: dict[str, int]) -> None:
+        served = [lv for lv in plan.levels if lv in set(plan.assignment.values())]
+        if not served:
+            return
+        order = list(self.level_ids)
+        for lv, depth in level_queue.items():
+            if depth <= 0 or lv in served:
+                continue
+            i = order.index(lv)
+            # nearest served level, faster first (keeps deadlines), else the next better one
+            target = min(served, key=lambda s, i=i: (abs(order.index(s) - i) if s in order else 99, order.index(s) < i))
+            try:
+                n = int(self.queue.migrate(lv, target))
+            except Exception as exc:
+                log.warning("cannot move queued work from %s to %s: %s", lv, target, exc)
+                continue
+            if n:
+                self.migrated += n
+                log.info("moved %d queued items from unserved level %s to %s", n, lv, target)
+
+    def _observe(self, plan: Plan) -> None:
+        m = self.metrics
+        prev = self.plan
+        if prev is None or dict(prev.assignment) != dict(plan.assignment) or prev.strategy != plan.strategy:
+            m.plan_changes.inc()
+        if prev is not None and prev.strategy != plan.strategy:
+            m.strategy_switches.labels(plan.strategy.value).inc()
+        m.plan_version.set(plan.version)
+        m.predicted_qpm.set(plan.predicted_qpm)
+        m.saturated.set(1 if plan.saturated else 0)
+        m.workers_up.set(len(self.alive))
+        counts = Counter(lv for lv in plan.assignment.values() if lv is not None)
+        for lv in self.level_ids:
+            m.workers_at.labels(lv).set(counts.get(lv, 0))
+        for s in Strategy:
+            m.strategy.labels(s.value).set(1 if plan.strategy is s else 0)
+
+    # -- the loop --------------------------------------------------------------------------
+
+    async def tick(self) -> Plan | None:
+        period = self.router.take_period_stats()
+        try:
+            plan = await asyncio.to_thread(self.step, period)
+        except Exception as exc:
+            # keep the previous plan; give the arrivals back so demand is not under-counted
+            self.router.arrivals += period[0]
+            self.router.affinity.update(period[1])
+            self.router.level_arrivals.update(period[2])
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            log.warning("control tick failed: %s", self.last_error)
+            return None
+        self.last_error = None
+        self.router.set_plan(plan, frozenset(self.alive))
+        return plan
+
+    def trigger(self) -> None:
+        """Re-plan now (e.g. a test or an operator)."""
+        self._wake.set()
+
+    async def _membership_changed(self) -> bool:
+        try:
+            alive, dead = await asyncio.to_thread(self.store.heartbeats)
+        except Exception:
+            return False
+        return set(alive) != set(self.alive) or bool(dead)
+
+    async def run(self) -> None:
+        await asyncio.to_thread(self.adopt_published)
+        await self.tick()
+        next_tick = time.monotonic() + self.period_s
+        while True:
+            timeout = max(0.0, min(self.heartbeat_s, next_tick - time.monotonic()))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            due = time.monotonic() >= next_tick or self._wake.is_set()
+            self._wake.clear()
+            if not due and await self._membership_changed():
+                due = True
+            if due:
+                await self.tick()
+                next_tick = time.monotonic() + self.period_s
+
+    def start(self) -> asyncio.Task:
+        self._task = asyncio.create_task(self.run(), name="argusdiff-control")
+        return self._task
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
