@@ -45,11 +45,12 @@ def as_judge(judge: Any) -> BatchJudge:
     raise TypeError(f"a judge needs .confidence(images) or to be callable, got {type(judge).__name__}")
 
 
-def load_discriminator(path: str, *, device: str = "cpu") -> Any:
-    """Load the classifiers area's trained discriminator from ``path``."""
+def load_discriminator(path: str, *, light: str | None = None, profile: str | None = None, device: str = "cpu") -> Any:
+    """Load the trained discriminator (:class:`classifiers.discriminator.Discriminator`) from ``path``;
+    ``light``/``profile`` are checked against what it was trained for."""
     from classifiers.discriminator import Discriminator
 
-    return Discriminator.load(path, device=device)
+    return Discriminator.load(path, light=light, profile=profile, device=device)
 
 
 def latents_compatible(registry: ModelRegistry, light: str, heavy: str) -> bool:

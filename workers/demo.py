@@ -20,9 +20,20 @@ import shutil
 import tempfile
 from pathlib import Path
 
-__all__ = ["DEMO_MODELS", "build_clip_tokenizer_files", "build_demo_pipeline", "clip_bpe", "ensure_demo_model"]
+__all__ = [
+    "DEMO_MODELS",
+    "DEMO_PROFILE_DIR",
+    "build_clip_tokenizer_files",
+    "build_demo_pipeline",
+    "clip_bpe",
+    "demo_profile_path",
+    "ensure_demo_model",
+    "load_demo_profile",
+]
 
 DEMO_MODELS = ("tiny-sd", "tiny-sdxl")
+#: Extra demo profiles (SM ladder, cascade) beside the shipped ``demo-cpu`` AC profile.
+DEMO_PROFILE_DIR = Path(__file__).parent / "profiles"
 _VERSION = "1"  # bump when the configs below change (folders are rebuilt)
 _TEXT_DIM = 32
 _SEED = 0
@@ -214,3 +225,19 @@ def ensure_demo_model(kind: str, models_dir: str | Path) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def demo_profile_path(name: str) -> Path | None:
+    """The TOML of a workers demo profile (``demo-cpu-sm``, ``demo-cpu-cascade``), or None."""
+    path = DEMO_PROFILE_DIR / f"{name}.toml"
+    return path if path.is_file() else None
+
+
+def load_demo_profile(name: str):
+    """Load a shipped profile by name, falling back to the workers demo profiles."""
+    from argusdiff.profile import PROFILE_DIR, load_profile
+
+    path = demo_profile_path(name)
+    if path is not None and not (PROFILE_DIR / f"{name}.toml").is_file():
+        return load_profile(path)
+    return load_profile(name)

@@ -1,0 +1,151 @@
+"""The worker loop on tiny real pipelines: batches, timings, plan changes without dropping work,
+failures, cascade deferral hand-off, and an in-process end-to-end AC run."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from argusdiff.domain import Plan, Strategy
+from argusdiff.profile import load_profile
+from workers.demo import load_demo_profile
+from workers.executor import TIMING_KEYS, WorkItem, WorkResult, executor_factory
+from workers.loop import Worker
+from workers.queue import InProcessWorkQueue
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def demo_ac(demo_registry, memory_cache, hash_embedder):
+    profile = load_profile("demo-cpu")
+    return profile, executor_factory(profile, demo_registry, memory_cache, embed=hash_embedder)
+
+
+def _put(q, level, n, prefix="r", prompt="a red cube"):
+    for i in range(n):
+        q.put(level, WorkItem(f"{prefix}{i}", prompt, level, seed=i))
+
+
+def test_worker_runs_batches_and_reports_timings(demo_ac):
+    _, factory = demo_ac
+    q = InProcessWorkQueue()
+    _put(q, "xl-k0", 3)
+    w = Worker("w0", q, factory, level="xl-k0", batch_size=2, poll_s=0.05)
+    assert w.drain() == 3
+    assert (w.stats.batches, w.stats.processed, w.stats.failed) == (2, 3, 0)
+    assert q.pending("xl-k0") == 0 and q.acked == 3
+    for i in range(3):
+        res = q.wait_result(f"r{i}", timeout=0)
+        assert res.ok and res.worker_id == "w0" and res.level == "xl-k0"
+        assert set(TIMING_KEYS) <= set(res.timings) and res.timings["denoise_s"] > 0
+        assert res.timings["queue_wait_s"] >= 0
+    assert w.status()["model"] == "demo-tiny-sdxl" and "demo-tiny-sdxl" in w.status()["loaded_models"]
+
+
+def test_ac_end_to_end_first_miss_then_hits(demo_ac, memory_cache):
+    _, factory = demo_ac
+    q = InProcessWorkQueue()
+    w0 = Worker("w0", q, factory, level="xl-k0", poll_s=0.05)
+    w4 = Worker("w4", q, factory, level="xl-k4", poll_s=0.05)
+    q.put("xl-k0", WorkItem("first", "a castle on a hill at dawn", "xl-k0", seed=1))
+    w0.drain()
+    assert memory_cache.stores == 1
+    q.put("xl-k4", WorkItem("second", "a castle on a hill at dawn", "xl-k4", seed=1))
+    w4.drain()
+    res = q.wait_result("second", timeout=0)
+    assert res.ok and res.cache_hit and res.k_used == 4 and res.unet_calls == 4
+
+
+def test_plan_change_switches_level_without_dropping_queued_work(demo_ac):
+    _, factory = demo_ac
+    q = InProcessWorkQueue()
+    _put(q, "xl-k0", 2, prefix="a")
+    _put(q, "xl-k2", 2, prefix="b")
+    w = Worker("w0", q, factory, level="xl-k0", poll_s=0.05)
+    assert w.run_once() == 1
+    plan = Plan(
+        version=7,
+        created_s=0.0,
+        strategy=Strategy.AC,
+        levels=("xl-k0", "xl-k2", "xl-k4"),
+        assignment={"w0": "xl-k2"},
+        share=(0.0, 1.0, 0.0),
+        pasm=((0, 1, 0), (0, 1, 0), (0, 1, 0)),
+        predicted_qpm=1.0,
+        expected_quality=0.97,
+        batch_sizes={"xl-k2": 2},
+    )
+    w.apply_plan(plan)
+    assert w.run_once() == 2  # the two xl-k2 items, one batch of the planned size
+    assert w.level == "xl-k2" and w.plan_version == 7 and w.stats.switches == 2
+    assert q.qsize("xl-k0") == 1  # still queued for the workers that keep xl-k0
+    w.set_level("xl-k0")
+    w.drain()
+    assert q.qsize("xl-k0") == 0 and w.stats.processed == 4 and w.stats.failed == 0
+
+
+def test_failures_become_error_results_and_work_is_acked(demo_registry):
+    class Boom:
+        level_id, model = "x", "m"
+
+        def run(self, items):
+            raise RuntimeError("GPU fell off")
+
+    q = InProcessWorkQueue()
+    _put(q, "x", 2)
+    w = Worker("w0", q, lambda level: Boom(), level="x", batch_size=2, poll_s=0.05)
+    assert w.run_once() == 2
+    res = q.wait_result("r0", timeout=0)
+    assert not res.ok and res.error == "GPU fell off" and res.error_type == "RuntimeError"
+    assert w.stats.failed == 2 and q.pending("x") == 0 and "GPU fell off" in w.status()["last_error"]
+
+
+def test_unknown_level_keeps_the_worker_on_its_current_level(demo_ac):
+    _, factory = demo_ac
+    q = InProcessWorkQueue()
+    w = Worker("w0", q, factory, level="xl-k0", poll_s=0.01)
+    w.run_once()
+    w.set_level("no-such-level")
+    w.run_once()
+    assert w.level == "xl-k0" and "no-such-level" in w.last_error
+
+
+def test_cascade_defers_to_the_heavy_queue(demo_registry):
+    profile = load_demo_profile("demo-cpu-cascade")
+    conf = iter([0.9, 0.1])
+    factory = executor_factory(profile, demo_registry, judge=lambda image: next(conf), threshold=0.5)
+    q = InProcessWorkQueue()
+    q.put("sd-light", WorkItem("ok", "a cat", "sd-light", seed=1))
+    q.put("sd-light", WorkItem("bad", "a dog", "sd-light", seed=2))
+    light = Worker("light", q, factory, level="sd-light", batch_size=2, poll_s=0.05)
+    heavy = Worker("heavy", q, factory, level="sd-heavy", poll_s=0.05)
+    light.run_once()
+    accepted = q.wait_result("ok", timeout=0)
+    assert accepted.ok and accepted.level == "sd-light" and accepted.confidence == pytest.approx(0.9)
+    assert accepted.unet_calls == 1 and "judge_s" in accepted.timings
+    assert q.wait_result("bad", timeout=0) is None and q.qsize("sd-heavy") == 1
+    assert light.stats.handed_off == 1
+    heavy.drain()
+    redone = q.wait_result("bad", timeout=0)
+    assert redone.ok and redone.level == "sd-heavy" and redone.worker_id == "heavy" and redone.unet_calls == 8
+
+
+def test_threaded_worker_stops_cleanly(demo_ac):
+    _, factory = demo_ac
+    q = InProcessWorkQueue()
+    done = threading.Event()
+    seen: list[WorkResult] = []
+
+    def on_result(r):
+        seen.append(r)
+        if len(seen) == 2:
+            done.set()
+
+    w = Worker("w0", q, factory, level="xl-k4", poll_s=0.05, on_result=on_result).start()
+    _put(q, "xl-k4", 2)
+    assert done.wait(120)
+    w.stop()
+    assert len(seen) == 2 and all(r.ok for r in seen)
+    assert q.pending("xl-k4") == 0
