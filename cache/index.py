@@ -86,6 +86,10 @@ class VectorIndex(Protocol):
         """Index a prompt with latents at the keys of ``sizes`` (K → blob bytes)."""
         ...
 
+    def add_many(self, items: Sequence[tuple[str, np.ndarray, str, Mapping[int, int], float]]) -> None:
+        """Index many ``(prompt_id, embedding, model, sizes, now_s)`` at once."""
+        ...
+
     def nearest(
         self,
         embedding: np.ndarray,
@@ -262,34 +266,54 @@ class HnswIndex:
             return len(self._rows)
 
     def add(self, prompt_id: str, embedding: np.ndarray, *, model: str, sizes: Mapping[int, int], now_s: float) -> None:
-        v = normalise(embedding, self.dim)
-        if not sizes:
-            raise ValueError("a prompt is indexed with at least one latent")
+        self.add_many([(prompt_id, embedding, model, sizes, now_s)])
+
+    def add_many(self, items: Sequence[tuple[str, np.ndarray, str, Mapping[int, int], float]]) -> None:
+        """Index many ``(prompt_id, embedding, model, sizes, now_s)`` in one transaction."""
+        rows = []
+        for prompt_id, embedding, model, sizes, now_s in items:
+            if not sizes:
+                raise ValueError("a prompt is indexed with at least one latent")
+            rows.append((prompt_id, normalise(embedding, self.dim), model, dict(sizes), float(now_s)))
+        if not rows:
+            return
         with self._lock:
-            if prompt_id in self._rows:
-                raise ValueError(f"prompt id {prompt_id} is already indexed")
+            seen: set[str] = set()
+            for prompt_id, *_ in rows:
+                if prompt_id in self._rows or prompt_id in seen:
+                    raise ValueError(f"prompt id {prompt_id} is already indexed")
+                seen.add(prompt_id)
+            labels: list[int] = []
             self._db.execute("BEGIN")
             try:
-                cur = self._db.execute(
-                    "INSERT INTO prompts(prompt_id, model, created, embedding) VALUES (?, ?, ?, ?)",
-                    (prompt_id, model, float(now_s), v.tobytes()),
+                for prompt_id, v, model, sizes, now_s in rows:
+                    cur = self._db.execute(
+                        "INSERT INTO prompts(prompt_id, model, created, embedding) VALUES (?, ?, ?, ?)",
+                        (prompt_id, model, now_s, v.tobytes()),
+                    )
+                    labels.append(int(cur.lastrowid))
+                    self._db.executemany(
+                        "INSERT INTO latents(prompt_id, k, size, hits, last_use) VALUES (?, ?, ?, 0, ?)",
+                        [(prompt_id, int(k), int(sz), now_s) for k, sz in sizes.items()],
+                    )
+                need = self._graph.get_current_count() + len(rows)
+                if need > self._graph.get_max_elements():
+                    self._graph.resize_index(max(need, 2 * self._graph.get_max_elements()))
+                self._graph.add_items(
+                    np.vstack([r[1] for r in rows]),
+                    np.asarray(labels, dtype=np.int64),
+                    num_threads=self._threads,
+                    replace_deleted=True,
                 )
-                label = int(cur.lastrowid)
-                self._db.executemany(
-                    "INSERT INTO latents(prompt_id, k, size, hits, last_use) VALUES (?, ?, ?, 0, ?)",
-                    [(prompt_id, int(k), int(s), float(now_s)) for k, s in sizes.items()],
-                )
-                if self._graph.get_current_count() >= self._graph.get_max_elements():
-                    self._graph.resize_index(2 * self._graph.get_max_elements())
-                self._graph.add_items(v[None, :], np.asarray([label], dtype=np.int64), replace_deleted=True)
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
-            self._rows[prompt_id] = _Row(
-                label, model, float(now_s), {int(k): [int(s), 0, float(now_s)] for k, s in sizes.items()}
-            )
-            self._labels[label] = prompt_id
+            for label, (prompt_id, _, model, sizes, now_s) in zip(labels, rows, strict=True):
+                self._rows[prompt_id] = _Row(
+                    label, model, now_s, {int(k): [int(sz), 0, now_s] for k, sz in sizes.items()}
+                )
+                self._labels[label] = prompt_id
 
     def nearest(
         self,
@@ -481,21 +505,26 @@ class QdrantIndex:
             return int(self.client.count(self.collection, exact=True).count)
 
     def add(self, prompt_id: str, embedding: np.ndarray, *, model: str, sizes: Mapping[int, int], now_s: float) -> None:
-        v = normalise(embedding, self.dim)
-        if not sizes:
-            raise ValueError("a prompt is indexed with at least one latent")
-        entry = IndexEntry(
-            prompt_id,
-            model,
-            float(now_s),
-            {int(k): LatentStat(prompt_id, int(k), int(s), 0, float(now_s)) for k, s in sizes.items()},
-        )
-        payload = {"prompt_id": prompt_id, "model": model, "created": float(now_s), **_latents_payload(entry)}
-        with self._lock:
-            self.client.upsert(
-                self.collection,
-                points=[self._models.PointStruct(id=str(uuid.UUID(prompt_id)), vector=v.tolist(), payload=payload)],
+        self.add_many([(prompt_id, embedding, model, sizes, now_s)])
+
+    def add_many(self, items: Sequence[tuple[str, np.ndarray, str, Mapping[int, int], float]]) -> None:
+        """Index many ``(prompt_id, embedding, model, sizes, now_s)``, upserted in batches of 512."""
+        points = []
+        for prompt_id, embedding, model, sizes, now_s in items:
+            v = normalise(embedding, self.dim)
+            if not sizes:
+                raise ValueError("a prompt is indexed with at least one latent")
+            entry = IndexEntry(
+                prompt_id,
+                model,
+                float(now_s),
+                {int(k): LatentStat(prompt_id, int(k), int(s), 0, float(now_s)) for k, s in sizes.items()},
             )
+            payload = {"prompt_id": prompt_id, "model": model, "created": float(now_s), **_latents_payload(entry)}
+            points.append(self._models.PointStruct(id=str(uuid.UUID(prompt_id)), vector=v.tolist(), payload=payload))
+        with self._lock:
+            for i in range(0, len(points), 512):
+                self.client.upsert(self.collection, points=points[i : i + 512])
 
     def nearest(
         self,

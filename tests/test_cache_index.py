@@ -198,3 +198,15 @@ def test_hnsw_deleted_slots_are_reused_and_search_stays_correct():
         idx.add(pid, v, model="m", sizes={5: 1}, now_s=0)
     assert len(idx) == 1510
     assert idx._graph.get_max_elements() <= 4096  # deleted slots were reused, not grown past
+
+
+def test_add_many(index):
+    rng = np.random.default_rng(9)
+    vecs = _unit(rng, 3)
+    ids = [new_prompt_id() for _ in range(3)]
+    index.add_many([(pid, v, "m", {5: 2}, 1.0) for pid, v in zip(ids, vecs, strict=True)])
+    assert len(index) == 3 and index.nearest(vecs[2])[0].prompt_id == ids[2]
+    if isinstance(index, HnswIndex):  # HNSW checks ids: a batch with a known id adds nothing
+        with pytest.raises(ValueError, match="already indexed"):
+            index.add_many([(new_prompt_id(), vecs[0], "m", {5: 1}, 2.0), (ids[0], vecs[0], "m", {5: 1}, 2.0)])
+        assert len(index) == 3
