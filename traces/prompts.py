@@ -301,7 +301,7 @@ def _make(kind: str, rng: np.random.Generator) -> str:
         lead = _pick(rng, ["a close-up portrait photo of", "a portrait of", "a candid photo of", "a headshot of"])
         return f"{lead} a {_pick(rng, _PEOPLE)} with {_pick(rng, _FEATURES)}, {_pick(rng, _PHOTO)}" + _pick(
             rng, ["", ", detailed face", ", looking at the camera", ", holding a cup of tea"]
-        )
+        ) + _pick(rng, ["", "", ", highly detailed, 8k, sharp focus", ", cinematic lighting, photorealistic"])
     if kind == "text":
         return _pick(rng, _TEXT_TEMPLATES).format(w=_pick(rng, _WORDS), c=_pick(rng, _COLORS))
     if kind == "counting":
@@ -324,9 +324,10 @@ def _make(kind: str, rng: np.random.Generator) -> str:
             f"and a {c} {_pick(rng, _RELATIONS)} the {b}"
         )
     if kind == "detailed":
-        k = int(rng.integers(2, 7))
+        k = int(rng.integers(3, 10))
         words = list(rng.choice(np.array(_DETAIL_WORDS, dtype=object), size=k, replace=False))
-        return f"{_pick(rng, _DETAIL_SUBJECTS)}, " + ", ".join(words)
+        setting = _pick(rng, ["", f", at {_pick(rng, _TIMES)}", f", {_pick(rng, _STYLES)}"])
+        return f"{_pick(rng, _DETAIL_SUBJECTS)}{setting}, " + ", ".join(words)
     raise ValueError(kind)  # pragma: no cover
 
 
