@@ -13,6 +13,7 @@ would exceed ``drop_factor`` (1.5) × SLO.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -46,12 +47,22 @@ class DiffServe(Policy):
         self.light = profile.level(self.spec.light)
         self.heavy = profile.level(self.spec.heavy)
         self.demand = EwmaDemand(self.options.ewma_alpha)
+        # with 1 s periods a period holds a handful of arrivals: measure the rate over a window
+        self._window: deque[tuple[int, float]] = deque()
+        self.window_s = 30.0
+        self.move_interval_s = 10.0
+        self._last_move = -1e18
         self._workers: dict[str, list[str]] = {}
         self._version_seen = -1
         self.last_solution: Any = None
 
     def demand_qpm(self, stats: ClusterStats) -> float:
-        return float(self.demand.update(stats.arrival_qpm))
+        self._window.append((stats.arrivals, stats.period_s))
+        span = sum(p for _, p in self._window)
+        while len(self._window) > 1 and span - self._window[0][1] >= self.window_s:
+            span -= self._window.popleft()[1]
+        rate = sum(a for a, _ in self._window) * 60.0 / span if span > 0 else 0.0
+        return float(self.demand.update(rate))
 
     def solve(self, stats: ClusterStats, demand: float):
         from solver.cascade import solve_cascade
@@ -111,6 +122,7 @@ class DiffServe(Policy):
         x_light, x_heavy = int(sol.x_light), int(sol.x_heavy)
         if x_light < 1:  # every query starts on the light model
             x_light, x_heavy = 1, max(0, x_heavy - 1)
+        x_light, x_heavy = self._limit_moves(stats, demand, x_light, x_heavy)
         assignment = self._assign(stats, x_light, x_heavy)
         t = float(sol.threshold)
         f = self.spec.f(t)
@@ -138,6 +150,25 @@ class DiffServe(Policy):
 
     def plan(self, stats: ClusterStats) -> Plan:
         return self.make_plan(stats, self.demand_qpm(stats))
+
+    def _limit_moves(self, stats: ClusterStats, demand: float, x_light: int, x_heavy: int) -> tuple[int, int]:
+        """Move at most one worker between the models per ``move_interval_s`` (a model load takes
+        seconds; re-splitting on every 1 s plan would keep workers loading), unless the light
+        workers cannot carry the demand — then adopt the MILP's split at once."""
+        cur_light = sum(1 for w in stats.workers if stats.current.get(w) == self.light.id)
+        cur_heavy = sum(1 for w in stats.workers if stats.current.get(w) == self.heavy.id)
+        if cur_light + cur_heavy != len(stats.workers) or cur_light == 0:
+            return x_light, x_heavy  # first plan or workers changed: take the MILP's split
+        b = max(self.light.batch_sizes)
+        light_cap = cur_light * self.light.throughput_qpm(b)
+        if light_cap < demand * self.options.overprovision:
+            self._last_move = stats.now_s
+            return x_light, x_heavy
+        if x_light == cur_light or stats.now_s - self._last_move < self.move_interval_s:
+            return cur_light, cur_heavy
+        self._last_move = stats.now_s
+        step = 1 if x_light > cur_light else -1
+        return cur_light + step, cur_heavy - step
 
     # ---- data path -----------------------------------------------------------------------
 

@@ -68,6 +68,7 @@ class SimConfig:
     cache_min_similarity: float = 0.65  # below: a miss (NIRVANA's lowest threshold)
     faults: tuple[Fault, ...] = ()
     warm_start: bool = True  # the first plan's models are loaded before the trace starts
+    cache_prefill: float = 0.0  # share of the prompt set whose latents are cached before the trace
 
     def __post_init__(self) -> None:
         if self.gpus < 1:
@@ -78,6 +79,8 @@ class SimConfig:
             raise ConfigError(f"slo must be positive, got {self.slo_s}")
         if self.jitter < 0:
             raise ConfigError(f"jitter must be >= 0, got {self.jitter}")
+        if not 0.0 <= self.cache_prefill <= 1.0:
+            raise ConfigError(f"cache prefill must be in [0, 1], got {self.cache_prefill}")
 
 
 @dataclass
@@ -224,6 +227,9 @@ class Simulator:
         self.up_since = [0.0] * G
         self.up_intervals: list[tuple[int, float, float]] = []
         self.cached = np.zeros(len(wl.prompts), dtype=bool)
+        if cfg.cache_prefill > 0:
+            pre = np.random.default_rng([cfg.seed, 2]).random(len(wl.prompts)) < cfg.cache_prefill
+            self.cached |= pre
         self.cache_down = [(f.start_s, f.end_s) for f in cfg.faults if f.kind == "cache"]
         self.now = 0.0
         rng = np.random.default_rng([cfg.seed, 1])
