@@ -8,7 +8,11 @@ import sys
 
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
-    parser.add_argument("--table", required=True, help="QualityTable CSV (prompt_id,prompt,<level id>...)")
+    src = parser.add_mutually_exclusive_group(required=True)
+    src.add_argument("--table", help="QualityTable CSV (prompt_id,prompt,<level id>...)")
+    src.add_argument(
+        "--prompts", help="prompt set (file or 'builtin'): generate each at every level of --profile and score it"
+    )
     parser.add_argument("--out", required=True, help="directory to write the trained classifier to")
     parser.add_argument(
         "--profile", help="profile (name or TOML) whose levels the classifier is for; default: the table's profile"
@@ -26,6 +30,11 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-length", type=int, help="truncate prompts at this many word pieces (128)")
     parser.add_argument("--checkpoint", help="checkpoint directory: resume from it, save after every epoch")
+    parser.add_argument("--limit", type=int, help="with --prompts: use the first N prompts")
+    parser.add_argument("--metric", choices=("pickscore", "clipscore"), help="with --prompts: quality scorer")
+    parser.add_argument("--scorer-model", help="with --prompts: open_clip architecture or model-config JSON")
+    parser.add_argument("--scorer-weights", help="with --prompts: scorer weights file or open_clip pretrained tag")
+    parser.add_argument("--save-table", help="with --prompts: also write the measured QualityTable CSV here")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(run=run)
@@ -47,6 +56,37 @@ def _levels_for(profile, strategy: str | None) -> tuple[tuple[str, ...], str | N
     return ids, strategy
 
 
+def _measure(args: argparse.Namespace, settings):
+    """Generate the prompt set at every level of the profile with the workers and score it."""
+    from argusdiff.errors import ConfigError
+    from argusdiff.profile import load_profile
+    from classifiers.measure import measure_quality_table
+    from classifiers.scorers import make_scorer
+    from traces.prompts import load_prompts
+    from workers.executor import executor_factory
+    from workers.registry import ModelRegistry
+
+    if not args.profile:
+        raise ConfigError("--prompts needs --profile (the levels to generate at)")
+    profile = load_profile(args.profile)
+    prompts = load_prompts(args.prompts)
+    if args.limit is not None:
+        if args.limit < 2:
+            raise ConfigError(f"--limit must be >= 2, got {args.limit}")
+        prompts = prompts.head(args.limit)
+    c = settings.classifier
+    scorer = make_scorer(
+        args.metric or c.scorer_metric, args.scorer_model or c.scorer_model, args.scorer_weights or c.scorer_pretrained
+    )
+    registry = ModelRegistry.from_config(settings.workers)
+    table = measure_quality_table(
+        prompts, profile, scorer, executor_factory(profile, registry), seed=args.seed, progress=not args.no_progress
+    )
+    if args.save_table:
+        table.to_csv(args.save_table)
+    return table
+
+
 def run(args: argparse.Namespace) -> int:
     from argusdiff.config import load_settings
     from argusdiff.errors import ConfigError
@@ -63,7 +103,10 @@ def run(args: argparse.Namespace) -> int:
     ratio = settings.ratio if args.ratio is None else args.ratio
     if not 0 < ratio <= 1:
         raise ConfigError(f"--ratio must be in (0, 1], got {ratio}")
-    table = QualityTable.from_csv(args.table)
+    if args.prompts is not None:
+        table = _measure(args, load_settings(args.config))
+    else:
+        table = QualityTable.from_csv(args.table)
     profile_name = args.profile or table.profile
     strategy = args.strategy
     if profile_name:
