@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 
-import numpy as np
 import pytest
 from fixtures_classifiers import tiny_bert, tiny_clip_config  # noqa: F401 - fixture
 
