@@ -272,3 +272,12 @@ def test_shared_traces_read(shared_dir):
     az = load_trace(d / "azure_functions_2019_hourly.csv", low=50, high=600)
     assert az.format == "azure-hourly"
     assert az.duration_s == pytest.approx(346 * 60)
+
+
+def test_default_prompt_order_is_configured(monkeypatch):
+    seq = load_trace("poisson:qpm=600,duration=1m", n_prompts=1000)
+    assert list(seq.prompt_idx[:5]) == [0, 1, 2, 3, 4]  # default: walk the set
+    monkeypatch.setenv("ARGUSDIFF_TRACES__PROMPT_ORDER", "random")
+    rnd = load_trace("poisson:qpm=600,duration=1m", n_prompts=1000)
+    assert list(rnd.prompt_idx[:5]) != [0, 1, 2, 3, 4]
+    assert list(load_trace("poisson:qpm=600,duration=1m,order=sequential", n_prompts=1000).prompt_idx[:3]) == [0, 1, 2]

@@ -49,6 +49,7 @@ __all__ = [
     "TraceError",
     "assign_prompts",
     "bursty",
+    "default_prompt_order",
     "detect_format",
     "diagonal",
     "diurnal",
@@ -156,7 +157,9 @@ class Trace:
         per_min = self.qpm(60.0)
         return float(per_min.max()) if per_min.size else 0.0
 
-    def prompt_indices(self, n_prompts: int, *, order: str = "random", seed: int = 0, wrap: bool = False) -> np.ndarray:
+    def prompt_indices(
+        self, n_prompts: int, *, order: str | None = None, seed: int = 0, wrap: bool = False
+    ) -> np.ndarray:
         """The trace's prompt indices checked against a set of ``n_prompts`` prompts; when the
         trace carries none, indices are assigned (``order`` random or sequential, ``seed``).
         Indices beyond the set fail unless ``wrap`` (then taken modulo ``n_prompts``)."""
@@ -174,7 +177,7 @@ class Trace:
             idx = idx % n_prompts
         return idx
 
-    def with_prompts(self, n_prompts: int, *, order: str = "random", seed: int = 0, wrap: bool = False) -> Trace:
+    def with_prompts(self, n_prompts: int, *, order: str | None = None, seed: int = 0, wrap: bool = False) -> Trace:
         return self._replace(prompt_idx=self.prompt_indices(n_prompts, order=order, seed=seed, wrap=wrap))
 
     def window(self, start_s: float, end_s: float | None = None) -> Trace:
@@ -248,11 +251,21 @@ class Trace:
         }
 
 
-def assign_prompts(n: int, n_prompts: int, *, order: str = "random", seed: int = 0) -> np.ndarray:
+def default_prompt_order() -> str:
+    """``[traces] prompt_order`` (``ARGUSDIFF_TRACES__PROMPT_ORDER``), ``sequential`` by default."""
+    from argusdiff.config import load_settings
+
+    return load_settings().traces.prompt_order
+
+
+def assign_prompts(n: int, n_prompts: int, *, order: str | None = None, seed: int = 0) -> np.ndarray:
     """Prompt indices for ``n`` requests over a set of ``n_prompts``: uniform draws (``random``)
-    or a walk through the set in order, wrapping around (``sequential``)."""
+    or a walk through the set in order, wrapping around (``sequential``); ``None``: the
+    configured :func:`default_prompt_order`."""
     if n_prompts < 1:
         raise TraceError("prompts must be >= 1")
+    if order is None:
+        order = default_prompt_order()
     if order == "random":
         return np.random.default_rng(seed).integers(0, n_prompts, size=n, dtype=np.int64)
     if order == "sequential":
@@ -611,14 +624,16 @@ GENERATORS["azure"] = _Generator(
 )
 
 
-def _finish(trace: Trace, params: Mapping[str, str], kind: str, n_prompts: int | None, order: str, seed: int) -> Trace:
+def _finish(
+    trace: Trace, params: Mapping[str, str], kind: str, n_prompts: int | None, order: str | None, seed: int
+) -> Trace:
     if "prompts" in params:
         try:
             n_prompts = int(params["prompts"])
         except ValueError:
             raise TraceError(f"trace spec {kind!r}: prompts={params['prompts']!r} is not an integer") from None
     order = params.get("order", order)
-    if order not in PROMPT_ORDERS:
+    if order is not None and order not in PROMPT_ORDERS:
         raise TraceError(f"trace spec {kind!r}: order must be one of {', '.join(PROMPT_ORDERS)}; got {order!r}")
     if n_prompts is not None and trace.prompt_idx is None:
         if n_prompts < 1:
@@ -627,7 +642,7 @@ def _finish(trace: Trace, params: Mapping[str, str], kind: str, n_prompts: int |
     return trace
 
 
-def generate(spec: str, *, seed: int = 0, n_prompts: int | None = None, order: str = "random") -> Trace:
+def generate(spec: str, *, seed: int = 0, n_prompts: int | None = None, order: str | None = None) -> Trace:
     """A generated trace from a spec string ``kind:key=value,...``."""
     kind, params = parse_spec(spec)
     gen = GENERATORS.get(kind)
@@ -884,7 +899,7 @@ def load_trace(
     seed: int = 0,
     format: str | None = None,
     n_prompts: int | None = None,
-    order: str = "random",
+    order: str | None = None,
     **scaling,
 ) -> Trace:
     """A trace from a generator spec (``bursty:low=60,...``), a file path, or a shipped name
