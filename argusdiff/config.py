@@ -165,7 +165,16 @@ class ClassifierConfig(_Section):
 
 
 class ReplayConfig(_Section):
-    """Trace replay on the simulator (``[replay]``)."""
+    """Trace replay on the simulator (``[replay]``); defaults of ``argusdiff replay``."""
+
+    gpus: int = Field(8, ge=1, description="simulated workers")
+    period_s: float = Field(60.0, gt=0, description="control period of the ARGUS-style policies (ARGUS: 60 s)")
+    cascade_period_s: float = Field(1.0, gt=0, description="control period of the DiffServe policies (1 s)")
+    slo_factor: float = Field(3.0, gt=0, description="SLO = factor x latency of the slowest level (ARGUS §5)")
+    confusion: float = Field(0.1, ge=0, le=1, description="error rate of the oracle classifier stand-in")
+    cache_latency_s: float = Field(0.05, ge=0, description="simulated cache retrieval latency (lookup + fetch)")
+    cache_prefill: float = Field(0.5, ge=0, le=1, description="share of the prompt set cached before the trace")
+    jitter: float = Field(0.0, ge=0, description="sigma of a log-normal multiplier on service times")
 
 
 class ServiceConfig(_Section):

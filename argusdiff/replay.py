@@ -77,7 +77,8 @@ class ReplaySpec:
     period_s: float | None = None  # None: 60 s (ARGUS); DiffServe policies use cascade_period_s
     cascade_period_s: float = 1.0
     faults: str | None = None
-    slo_s: float | None = None  # None: 3 × the slowest level of the primary profile
+    slo_s: float | None = None  # None: slo_factor × the slowest level of the primary profile
+    slo_factor: float = 3.0
     classifier: str | None = None  # path to a trained LevelClassifier; None: oracle stand-in
     confusion: float = 0.1
     jitter: float = 0.0
@@ -319,7 +320,9 @@ def run_replay(
     wl, profiles, trace, provenance = prepared or prepare(spec, log=log)
     faults = tuple(parse_faults(spec.faults, gpus=spec.gpus, duration_s=float(trace.duration_s)))
     primary = profiles["ac"]
-    slo = spec.slo_s if spec.slo_s is not None else primary.default_slo_s()
+    if spec.slo_s is not None and spec.slo_s <= 0:
+        raise ConfigError(f"--slo: must be positive, got {spec.slo_s}")
+    slo = spec.slo_s if spec.slo_s is not None else primary.default_slo_s(spec.slo_factor)
     provenance["slo_s"] = slo
     runs: list[tuple[str, str, dict[str, Any]]] = [(n, n, {}) for n in spec.policies]
     if spec.ablation:

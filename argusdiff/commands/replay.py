@@ -1,0 +1,190 @@
+"""``argusdiff replay``: replay a trace through policies on a simulated cluster and compare them.
+
+With no arguments it replays a short embedded bursty trace (30 min at 40↔160 QPM) through every
+policy on 8 simulated workers and prints the comparison table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _policies(text: str) -> list[str]:
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("no policy given")
+    return names
+
+
+def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
+    from argusdiff.replay import DEFAULT_TRACE
+
+    parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
+    parser.add_argument(
+        "--trace",
+        default=DEFAULT_TRACE,
+        help="trace file (format detected) or generator spec, e.g. "
+        "diagonal:start=50,end=600,duration=800m or poisson:qpm=120,duration=20m",
+    )
+    parser.add_argument(
+        "--trace-format",
+        default=None,
+        help="file format when detection is not wanted: argusdiff, diffserve, proteus, azure-minute, azure-hourly",
+    )
+    parser.add_argument("--prompts", default=None, help="prompt set (text/TSV/CSV file or name); default: built-in set")
+    parser.add_argument(
+        "--quality",
+        default="synthetic",
+        help="quality source: synthetic, diffserve (real discriminator confidences for the cascade) "
+        "or a QualityTable CSV",
+    )
+    parser.add_argument(
+        "--policies",
+        type=_policies,
+        default=None,
+        help="comma-separated policies (default: all): argus,argus+,pac,proteus,nirvana,sommelier,"
+        "clipper-ha,clipper-ht,diffserve,diffserve-static",
+    )
+    parser.add_argument("--gpus", type=int, default=None, help="simulated workers (default from [replay], 8)")
+    parser.add_argument("--profile", default="sdxl-ac-a100", help="profile of argus/argus+/pac/nirvana")
+    parser.add_argument(
+        "--sm-profile", default="sm-a100", help="smaller-model profile (Proteus, Sommelier, Clipper, ARGUS's fallback)"
+    )
+    parser.add_argument("--cascade-profile", default="cascade-sdxlltn-sdxl", help="profile of the DiffServe policies")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--period",
+        type=float,
+        default=None,
+        help="control period in seconds for every policy (default: 60 s ARGUS-style, 1 s DiffServe)",
+    )
+    parser.add_argument("--slo", type=float, default=None, help="SLO in seconds (default: 3 x slowest level)")
+    parser.add_argument(
+        "--faults",
+        default=None,
+        help="fault spec: 'gpus:N@START+DUR;cache@START+DUR' or 'argus' (half the GPUs off 40 min twice)",
+    )
+    parser.add_argument(
+        "--classifier",
+        default=None,
+        help="trained level classifier directory; default: oracle stand-in with --confusion",
+    )
+    parser.add_argument("--confusion", type=float, default=None, help="oracle stand-in error rate (default 0.1)")
+    parser.add_argument("--jitter", type=float, default=None, help="log-normal sigma on service times (default 0)")
+    parser.add_argument(
+        "--cache-prefill",
+        type=float,
+        default=None,
+        help="share of the prompt set cached before the trace (default 0.5)",
+    )
+    parser.add_argument(
+        "--no-embeddings", action="store_true", help="no MiniLM embeddings: only exact prompt repeats are cache hits"
+    )
+    parser.add_argument("--ablation", action="store_true", help="also run argus+ with each part switched off")
+    parser.add_argument("--out", default=None, help="output folder: metrics.csv, summary.json, PNG plots, report.html")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots (report.html without figures)")
+    parser.add_argument("--json", action="store_true", help="print summary.json to stdout instead of the table")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(run=run)
+
+
+def _check(args: argparse.Namespace) -> None:
+    from argusdiff.errors import ConfigError
+
+    if args.gpus is not None and args.gpus < 1:
+        raise ConfigError(f"--gpus: must be >= 1, got {args.gpus}")
+    if args.period is not None and not args.period > 0:
+        raise ConfigError(f"--period: must be positive, got {args.period}")
+    if args.slo is not None and not args.slo > 0:
+        raise ConfigError(f"--slo: must be positive, got {args.slo}")
+    if args.confusion is not None and not 0.0 <= args.confusion <= 1.0:
+        raise ConfigError(f"--confusion: must be in [0, 1], got {args.confusion}")
+    if args.jitter is not None and args.jitter < 0:
+        raise ConfigError(f"--jitter: must be >= 0, got {args.jitter}")
+    if args.cache_prefill is not None and not 0.0 <= args.cache_prefill <= 1.0:
+        raise ConfigError(f"--cache-prefill: must be in [0, 1], got {args.cache_prefill}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from argusdiff.config import load_settings
+    from argusdiff.policies import POLICIES
+    from argusdiff.replay import DEFAULT_POLICIES, ReplaySpec, run_replay
+
+    _check(args)
+    cfg = load_settings().replay
+    policies = args.policies or list(DEFAULT_POLICIES)
+    from argusdiff.errors import ConfigError
+
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown:
+        raise ConfigError(f"--policies: unknown policy {', '.join(unknown)} (known: {', '.join(POLICIES)})")
+    spec = ReplaySpec(
+        trace=args.trace,
+        trace_format=args.trace_format,
+        prompts=args.prompts,
+        quality=args.quality,
+        policies=policies,
+        gpus=args.gpus if args.gpus is not None else cfg.gpus,
+        profile=args.profile,
+        sm_profile=args.sm_profile,
+        cascade_profile=args.cascade_profile,
+        seed=args.seed,
+        period_s=args.period if args.period is not None else None,
+        cascade_period_s=cfg.cascade_period_s,
+        faults=args.faults,
+        slo_s=args.slo,
+        slo_factor=cfg.slo_factor,
+        classifier=args.classifier,
+        confusion=args.confusion if args.confusion is not None else cfg.confusion,
+        jitter=args.jitter if args.jitter is not None else cfg.jitter,
+        embeddings=not args.no_embeddings,
+        cache_latency_s=cfg.cache_latency_s,
+        cache_prefill=args.cache_prefill if args.cache_prefill is not None else cfg.cache_prefill,
+        ablation=args.ablation,
+    )
+    if args.period is None and cfg.period_s != 60.0:
+        spec.period_s = cfg.period_s
+    bar = None
+    progress = None
+    if not args.quiet and sys.stderr.isatty():
+        from tqdm import tqdm
+
+        n_runs = len(policies) + (3 if args.ablation else 0)
+        bar = tqdm(
+            total=n_runs * 100,
+            desc="replay",
+            unit="%",
+            delay=2.0,
+            file=sys.stderr,
+            leave=False,
+            bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}<{remaining}",
+        )
+        done: dict[str, int] = {}
+
+        def progress(label: str, frac: float) -> None:
+            pct = int(frac * 100)
+            prev = done.get(label, 0)
+            if pct > prev:
+                bar.update(pct - prev)
+                done[label] = pct
+                bar.set_description(f"replay {label}")
+
+    log = None if args.quiet else (lambda m: print(m, file=sys.stderr))
+    try:
+        result = run_replay(spec, progress=progress, log=log)
+    finally:
+        if bar is not None:
+            bar.close()
+    from argusdiff.report import format_table, summary_json, write_outputs
+
+    if args.out:
+        files = write_outputs(result, args.out, plots=not args.no_plots)
+        if not args.json:
+            print(f"wrote {', '.join(str(p) for p in files.values())}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(summary_json(result), indent=2))
+    else:
+        print(format_table(result))
+    return 0
