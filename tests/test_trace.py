@@ -281,3 +281,19 @@ def test_default_prompt_order_is_configured(monkeypatch):
     rnd = load_trace("poisson:qpm=600,duration=1m", n_prompts=1000)
     assert list(rnd.prompt_idx[:5]) != [0, 1, 2, 3, 4]
     assert list(load_trace("poisson:qpm=600,duration=1m,order=sequential", n_prompts=1000).prompt_idx[:3]) == [0, 1, 2]
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("poisson:qpm=10,duration=0", "poisson: duration must be > 0"),
+        ("diagonal:duration=0", "diagonal: duration must be > 0"),
+        ("poisson:qpm=10,duration=1e12", "limit"),
+        ("bursty:period=0", "period must be > 0"),
+        ("azure:low=100,high=50", "must be >= low"),
+        ("diurnal:shape=/nonexistent/shape.csv", "not a shipped shape"),
+    ],
+)
+def test_generator_parameter_errors(spec, message):
+    with pytest.raises(TraceError, match=message):
+        load_trace(spec)

@@ -68,6 +68,7 @@ __all__ = [
 DATA_DIR = Path(__file__).parent / "data"
 FORMATS = ("argusdiff", "diffserve", "proteus", "azure-minute", "azure-hourly")
 PROMPT_ORDERS = ("random", "sequential")
+MAX_REQUESTS = 50_000_000  # a generated trace larger than this is a typo, not a workload
 #: Shipped rate shapes (see traces/data/SOURCES.md).
 SHAPES: dict[str, Path] = {"azure": DATA_DIR / "azure_functions_2019_hourly.csv"}
 
@@ -355,6 +356,11 @@ def rate_curve_trace(
     seg = r[:-1] * dt if step else 0.5 * (r[:-1] + r[1:]) * dt
     cum = np.concatenate([[0.0], np.cumsum(seg)])
     total = float(cum[-1])
+    if total > MAX_REQUESTS:
+        raise TraceError(
+            f"trace {name or 'generator'!r} would have ~{total:,.0f} requests (limit {MAX_REQUESTS:,}); "
+            "lower the rate or the duration"
+        )
     rng = np.random.default_rng(seed)
     n = int(rng.poisson(total)) if total > 0 else 0
     u = np.sort(rng.uniform(0.0, total, size=n))
@@ -376,8 +382,14 @@ def rate_curve_trace(
     return Trace(arrivals_s=arrivals, name=name, source=source, format="generated", duration=float(t[-1] - t[0]))
 
 
+def _positive_duration(kind: str, duration_s: float) -> None:
+    if not duration_s > 0:
+        raise TraceError(f"{kind}: duration must be > 0, got {duration_s:g} s")
+
+
 def poisson(qpm: float, duration_s: float, *, seed: int = 0, name: str = "") -> Trace:
     """Poisson arrivals at a constant rate."""
+    _positive_duration("poisson", duration_s)
     return rate_curve_trace(
         np.array([0.0, duration_s]), np.array([qpm, qpm]), seed=seed, name=name or f"poisson:qpm={qpm:g}"
     )
@@ -394,6 +406,7 @@ def bursty(
     name: str = "",
 ) -> Trace:
     """Interleaved low/high periods (low first) with Poisson arrivals in each (ARGUS §5)."""
+    _positive_duration("bursty", duration_s)
     if period_s <= 0:
         raise TraceError("bursty: period must be > 0")
     hp = period_s if high_period_s is None else high_period_s
@@ -414,6 +427,7 @@ def bursty(
 
 def diagonal(start: float, end: float, duration_s: float, *, seed: int = 0, name: str = "") -> Trace:
     """A linear ramp of the Poisson rate from ``start`` to ``end`` QPM (ARGUS: 50 → 600 over ~800 min)."""
+    _positive_duration("diagonal", duration_s)
     return rate_curve_trace(
         np.array([0.0, duration_s]),
         np.array([start, end]),
