@@ -297,3 +297,21 @@ def test_default_prompt_order_is_configured(monkeypatch):
 def test_generator_parameter_errors(spec, message):
     with pytest.raises(TraceError, match=message):
         load_trace(spec)
+
+
+def test_file_options_after_at(tmp_path):
+    f = tmp_path / "tw.txt"
+    f.write_text("".join(f"{i * 10},1,300\n" for i in range(6000)))  # 6000 QPM for 60 s
+    t = load_trace(f"{f}@mean_qpm=100")
+    assert len(t) == 6000 and t.mean_qpm == pytest.approx(100, rel=1e-3)
+    w = load_trace(f"{f}@mean_qpm=600,start=0,end=60,prompts=7,order=sequential")
+    assert abs(len(w) - 600) <= 1 and list(w.prompt_idx[:8]) == [0, 1, 2, 3, 4, 5, 6, 0]
+    assert len(load_trace(f, peak_qpm=60)) == 6000
+    with pytest.raises(TraceError, match="unknown option"):
+        load_trace(f"{f}@speed=2")
+    with pytest.raises(TraceError, match="mean_qpm"):
+        load_trace(f"{f}@mean_qpm=fast")
+    with pytest.raises(TraceError, match="no such file"):
+        load_trace(f"{tmp_path / 'none.txt'}@mean_qpm=1")
+    g = load_trace("bursty:low=60,high=480,period=5m,duration=40m", mean_qpm=27)
+    assert g.mean_qpm == pytest.approx(27, rel=1e-6)

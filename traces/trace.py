@@ -907,6 +907,38 @@ def _looks_like_spec(text: str) -> bool:
     return kind in GENERATORS and not Path(text).exists()
 
 
+_FILE_OPTIONS = (
+    "format",
+    "seed",
+    "low",
+    "high",
+    "peak",
+    "point",
+    "mean_qpm",
+    "peak_qpm",
+    "start",
+    "end",
+    "prompts",
+    "order",
+)
+
+
+def _file_options(text: str) -> tuple[Path, dict[str, str]] | None:
+    """``path@key=value,...`` → (path, options) when ``path`` exists."""
+    if "@" not in text:
+        return None
+    base, _, opts = text.rpartition("@")
+    if not Path(base).exists():
+        return None
+    _, params = parse_spec("file:" + opts)
+    unknown = sorted(set(params) - set(_FILE_OPTIONS))
+    if unknown:
+        raise TraceError(
+            f"trace {text!r}: unknown option(s) {', '.join(unknown)} after '@' (allowed: {', '.join(_FILE_OPTIONS)})"
+        )
+    return Path(base), params
+
+
 def load_trace(
     spec_or_path: str | Path,
     *,
@@ -914,21 +946,65 @@ def load_trace(
     format: str | None = None,
     n_prompts: int | None = None,
     order: str | None = None,
+    mean_qpm: float | None = None,
+    peak_qpm: float | None = None,
     **scaling,
 ) -> Trace:
     """A trace from a generator spec (``bursty:low=60,...``), a file path, or a shipped name
-    (``azure``); ``n_prompts`` assigns prompt indices when the trace has none."""
+    (``azure``); ``n_prompts`` assigns prompt indices when the trace has none; ``mean_qpm`` or
+    ``peak_qpm`` rescale it in time (:meth:`Trace.rescale`).
+
+    A file path may carry options after ``@``: ``twitter.txt@mean_qpm=100,start=0,end=300``
+    (``format``, ``seed``, ``low``/``high``/``peak``/``point`` for Azure shapes, ``mean_qpm`` /
+    ``peak_qpm``, a window ``start``/``end`` in seconds after rescaling, ``prompts``, ``order``);
+    they override the keyword arguments."""
     text = str(spec_or_path)
     if _looks_like_spec(text):
-        return generate(text, seed=seed, n_prompts=n_prompts, order=order)
+        trace = generate(text, seed=seed, n_prompts=n_prompts, order=order)
+        return _rescaled(trace, mean_qpm, peak_qpm, None, None)
+    opts: dict[str, str] = {}
     p = Path(text)
     if not p.exists():
-        raise TraceError(
-            f"trace {text!r}: no such file and not a generator spec (generators: {', '.join(sorted(GENERATORS))}; "
-            f"e.g. {GENERATORS['bursty'].example})"
-        )
+        parsed = _file_options(text)
+        if parsed is None:
+            raise TraceError(
+                f"trace {text!r}: no such file and not a generator spec (generators: "
+                f"{', '.join(sorted(GENERATORS))}; e.g. {GENERATORS['bursty'].example})"
+            )
+        p, opts = parsed
+    where = text
+    if "format" in opts:
+        format = opts["format"]
+    if "seed" in opts:
+        seed = int(_take(opts, "seed", kind=where, conv=int))
+    for key in ("low", "high", "peak"):
+        if key in opts:
+            scaling[key] = _take(opts, key, kind=where, conv=_rate(key))
+    if "point" in opts:
+        scaling["point_s"] = _take(opts, "point", kind=where, conv=_dur("point"))
+    if "mean_qpm" in opts:
+        mean_qpm = _take(opts, "mean_qpm", kind=where, conv=_rate("mean_qpm"))
+    if "peak_qpm" in opts:
+        peak_qpm = _take(opts, "peak_qpm", kind=where, conv=_rate("peak_qpm"))
+    start = _take(opts, "start", kind=where, conv=_dur("start")) if "start" in opts else None
+    end = _take(opts, "end", kind=where, conv=_dur("end")) if "end" in opts else None
     trace = read_trace(p, format=format, seed=seed, **scaling)
-    return _finish(trace, {}, p.name, n_prompts, order, seed)
+    trace = _rescaled(trace, mean_qpm, peak_qpm, start, end)
+    return _finish(trace, {k: v for k, v in opts.items() if k in ("prompts", "order")}, p.name, n_prompts, order, seed)
+
+
+def _rescaled(trace: Trace, mean_qpm, peak_qpm, start, end) -> Trace:
+    if mean_qpm is not None or peak_qpm is not None:
+        for key, v in (("mean_qpm", mean_qpm), ("peak_qpm", peak_qpm)):
+            if v is not None and not v > 0:
+                raise TraceError(f"{key} must be > 0, got {v:g}")
+        trace = trace.rescale(mean_qpm=mean_qpm, peak_qpm=peak_qpm)
+    if start is not None or end is not None:
+        a = start or 0.0
+        if end is not None and end <= a:
+            raise TraceError(f"trace window: end ({end:g} s) must be after start ({a:g} s)")
+        trace = trace.window(a, end)
+    return trace
 
 
 def write_trace(trace: Trace, path: str | Path) -> None:
