@@ -90,3 +90,14 @@ def test_missing_action_is_an_error(cmd):
     with pytest.raises(SystemExit) as info:
         cli.main([cmd])
     assert info.value.code == 2
+
+
+def test_quality_calibrate_by_labels(capsys, tmp_path):
+    f = tmp_path / "p.tsv"
+    f.write_text(
+        'Prompt\tCategory\tChallenge\na sign that says "OPEN"\tArts\tWriting & Symbols\nsky\tAbstract\tBasic\n'
+    )
+    rep = _json(capsys, ["quality", "calibrate", "--prompts", str(f), "--by", "challenge", "--json"])
+    assert set(rep["by_category"]) == {"Writing & Symbols", "Basic"}
+    assert cli.main(["quality", "calibrate", "--by", "challenge"]) == 2
+    assert "no challenge labels" in capsys.readouterr().err

@@ -35,6 +35,11 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     cal.add_argument("--prompts", default=None, help="'builtin' or a text/TSV/CSV file (default: [traces] prompts)")
     cal.add_argument("--seed", type=int, default=None, help="seed (default: [traces] quality_seed)")
     cal.add_argument("--fit", action="store_true", help="fit the parameters to the targets on these prompts")
+    cal.add_argument(
+        "--by",
+        choices=("category", "challenge"),
+        help="also break the optimal level down by the prompt set's category or challenge labels (e.g. PartiPrompts)",
+    )
     cal.add_argument("--json", action="store_true", help="machine-readable output")
     cal.set_defaults(run=run_calibrate)
 
@@ -116,19 +121,29 @@ def run_show(args: argparse.Namespace) -> int:
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
+    from argusdiff.errors import ConfigError
     from traces.synthetic import calibration_report, fit_params, params_for, synthetic_quality_table
 
     _settings, profile, prompts, seed = _context(args)
     target = _target_for(profile)
-    if args.fit:
-        params, rep = fit_params(prompts, profile, target, seed=seed)
-    else:
-        params = params_for(profile)
-        table = synthetic_quality_table(prompts, profile, seed=seed, params=params)
-        rep = calibration_report(table, ratio=target.ratio, target=target)
+    labels = None
+    if args.by:
+        labels = prompts.categories if args.by == "category" else prompts.challenges
+        if labels is None:
+            raise ConfigError(f"--by {args.by}: prompt set {prompts.name!r} has no {args.by} labels")
+    params = fit_params(prompts, profile, target, seed=seed)[0] if args.fit else params_for(profile)
+    table = synthetic_quality_table(prompts, profile, seed=seed, params=params)
+    rep = calibration_report(table, ratio=target.ratio, target=target, categories=labels)
     if args.json:
         print(json.dumps({**rep, "params": params.to_dict(), "fitted": args.fit}, indent=2))
         return 0
     _print_report(rep)
+    if "by_category" in rep:
+        print(f"by {args.by} (sorted by mean optimal level; 0 = best level):")
+        for label, row in sorted(rep["by_category"].items(), key=lambda kv: kv[1]["mean_optimal_level"]):
+            print(
+                f"  {label:<28} {row['prompts']:>6} prompts  mean optimal level {row['mean_optimal_level']:.2f}  "
+                f"best-level share {row['share_best_level']:.2f}  fastest-level share {row['share_fastest_level']:.2f}"
+            )
     print(("fitted" if args.fit else "default") + f" parameters: {json.dumps(params.to_dict())}")
     return 0
