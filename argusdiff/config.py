@@ -147,6 +147,8 @@ class ClassifierConfig(_Section):
     )
     backbone: str | None = Field(None, description="transformers id or folder; None: the packaged MiniLM BERT")
     mode: Literal["head", "full"] = Field("head", description="train a head on a frozen encoder, or fine-tune all")
+    pooling: Literal["mean", "cls"] = Field("mean", description="mean of token states, or the model's [CLS] head")
+    class_weighting: bool = Field(False, description="inverse-frequency class weights in the training loss")
     ratio: float = Field(0.9, gt=0, le=1, description="optimal level = fastest with quality >= ratio x best")
     max_length: int = Field(128, ge=2, le=512, description="prompts are truncated at this many word pieces")
     empty_prompt: Literal["best", "error"] = Field("best", description="empty prompt -> best level, or an error")

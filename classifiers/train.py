@@ -9,8 +9,9 @@ settings continues where it stopped and ends with the same weights as an uninter
 
 Two modes:
 
-* ``head`` (default, fast): the encoder is frozen; its [CLS] states are computed once and only the
-  pooler + classification layer are trained on them.
+* ``head`` (default, fast): the encoder is frozen; its pooled states are computed once and only the
+  head is trained on them (pooling ``mean``: the linear layer, on standardized features, folded
+  back into the layer afterwards; pooling ``cls``: the model's pooler + linear layer).
 * ``full``: every weight is fine-tuned (slow on CPU).
 
 The report holds accuracy, per-class precision/recall, the confusion matrix, and the number that
@@ -57,7 +58,8 @@ class TrainConfig:
     ratio: float = DEFAULT_RATIO
     max_length: int = 128
     backbone: str | None = None  # None: the packaged MiniLM
-    class_weighting: bool = True
+    class_weighting: bool = False  # inverse-frequency class weights (lower routing quality here)
+    pooling: str = "mean"  # "mean" | "cls" (see classifiers.level)
     progress: bool = True
     checkpoint_dir: str | None = None
     feature_batch_size: int = 64
@@ -216,18 +218,16 @@ def _head_parameters(model: Any) -> list[Any]:
     return params
 
 
-def _cls_states(clf: Any, prompts: Sequence[str], batch_size: int, progress: bool) -> Any:
+def _pooled_states(clf: Any, prompts: Sequence[str], batch_size: int, progress: bool) -> Any:
     torch = _torch()
     from tqdm.auto import tqdm
 
-    encoder = clf.model.base_model
     out = []
     starts = range(0, len(prompts), batch_size)
     with torch.inference_mode():
         for start in tqdm(starts, desc="encoding prompts", unit="batch", disable=not progress, leave=False):
             enc = clf.tokenize(prompts[start : start + batch_size])
-            hidden = encoder(**enc).last_hidden_state
-            out.append(hidden[:, 0].clone())
+            out.append(clf.encode(enc).clone())
     return torch.cat(out)
 
 
@@ -288,12 +288,14 @@ def train_level_classifier(
             ratio=config.ratio,
             max_length=config.max_length,
             mode=config.mode,
+            pooling=config.pooling,
             seed=config.seed,
         )
     else:
         classifier.check_levels(table.level_ids)
         classifier.meta = replace(classifier.meta, ratio=config.ratio, mode=config.mode)
     model = classifier.model
+    mean_head = config.mode == "head" and classifier.meta.pooling == "mean"
 
     prompts = list(table.prompts)
     y = torch.as_tensor(labels_all, dtype=torch.long)
@@ -303,12 +305,16 @@ def train_level_classifier(
     for p in model.parameters():
         p.requires_grad_(config.mode == "full")
     if config.mode == "head":
-        params = _head_parameters(model)
+        params = list(model.classifier.parameters()) if mean_head else _head_parameters(model)
         for p in params:
             p.requires_grad_(True)
         say(f"encoding {len(prompts)} prompts with the frozen encoder")
         model.eval()
-        feats = _cls_states(classifier, prompts, config.feature_batch_size, config.progress)
+        feats = _pooled_states(classifier, prompts, config.feature_batch_size, config.progress)
+        if mean_head:  # standardize on the training rows; folded into the layer at the end
+            mu = feats[torch.as_tensor(train_rows)].mean(0)
+            sd = feats[torch.as_tensor(train_rows)].std(0).clamp(min=1e-6)
+            feats = (feats - mu) / sd
     else:
         params = [p for p in model.parameters()]
         feats = None
@@ -316,9 +322,9 @@ def train_level_classifier(
 
     def batch_logits(rows: np.ndarray) -> Any:
         if feats is not None:
-            return _head_forward(model, feats[torch.as_tensor(rows)])
-        enc = classifier.tokenize([prompts[i] for i in rows])
-        return model(**enc).logits
+            x = feats[torch.as_tensor(rows)]
+            return model.classifier(x) if mean_head else _head_forward(model, x)
+        return classifier.forward(classifier.tokenize([prompts[i] for i in rows]))
 
     def val_loss_acc() -> tuple[float, float]:
         model.eval()
@@ -404,6 +410,11 @@ def train_level_classifier(
         bar.close()
     if best_state is not None:
         model.load_state_dict(best_state)
+    if mean_head:  # W((x - mu) / sd) + b  ==  (W / sd) x + (b - (W / sd) mu)
+        with torch.no_grad():
+            w = model.classifier.weight / sd
+            model.classifier.bias.sub_(w @ mu)
+            model.classifier.weight.copy_(w)
     for p in model.parameters():
         p.requires_grad_(False)
     model.eval()

@@ -20,6 +20,13 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     parser.add_argument("--strategy", choices=("ac", "sm", "cascade"), help="train for this strategy's levels only")
     parser.add_argument("--config", help="settings TOML ([classifier] section)")
     parser.add_argument("--mode", choices=("head", "full"), help="frozen encoder + head (fast) or full fine-tune")
+    parser.add_argument("--pooling", choices=("mean", "cls"), help="mean of token states (default) or [CLS]")
+    parser.add_argument(
+        "--class-weighting",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="inverse-frequency class weights in the loss (default off)",
+    )
     parser.add_argument("--backbone", help="transformers id or folder (default: the packaged MiniLM BERT)")
     parser.add_argument("--ratio", type=float, help="optimal level = fastest with quality >= ratio x best (0.9)")
     parser.add_argument("--epochs", type=int, default=30)
@@ -125,6 +132,8 @@ def run(args: argparse.Namespace) -> int:
 
     config = TrainConfig(
         mode=args.mode or settings.mode,
+        pooling=args.pooling or settings.pooling,
+        class_weighting=settings.class_weighting if args.class_weighting is None else args.class_weighting,
         epochs=args.epochs,
         batch_size=args.batch_size,
         lr=args.lr,
