@@ -852,8 +852,15 @@ def _read_azure_minute(p: Path, lines: Sequence[str], *, seed: int, scaling: Map
             continue
         if len(rec) != len(header):
             raise TraceError(f"{p}:{ln}: expected {len(header)} fields, got {len(rec)}")
-        for j, cell in enumerate(rec[first_minute:]):
-            counts[j] += _num(p, ln, cell, f"minute {minutes[j]} count")
+        try:
+            row = np.array(rec[first_minute:], dtype=np.float64)
+            ok = bool(np.all(np.isfinite(row)) and row.min() >= 0)
+        except ValueError:
+            ok = False
+        if not ok:  # find and name the bad cell
+            for j, cell in enumerate(rec[first_minute:]):
+                _num(p, ln, cell, f"minute {minutes[j]} count")
+        counts += row
     if not counts.any():
         raise TraceError(f"{p}: no invocations")
     if any(v is not None for v in scaling.values()):
@@ -862,6 +869,11 @@ def _read_azure_minute(p: Path, lines: Sequence[str], *, seed: int, scaling: Map
         tr = rate_curve_trace(times, np.append(rates, rates[-1]), seed=seed, step=True, name=p.stem, source=str(p))
         return tr._replace(format="azure-minute")
     # unscaled: exactly the counted invocations, spread uniformly at random within each minute
+    if counts.sum() > MAX_REQUESTS:
+        raise TraceError(
+            f"{p}: {counts.sum():,.0f} invocations (limit {MAX_REQUESTS:,}); scale the shape with "
+            "low=/high= or peak= (QPM)"
+        )
     rng = np.random.default_rng(seed)
     c = counts.astype(np.int64)
     base = np.repeat(np.arange(len(c)) * 60.0, c)
