@@ -315,3 +315,17 @@ def test_file_options_after_at(tmp_path):
         load_trace(f"{tmp_path / 'none.txt'}@mean_qpm=1")
     g = load_trace("bursty:low=60,high=480,period=5m,duration=40m", mean_qpm=27)
     assert g.mean_qpm == pytest.approx(27, rel=1e-6)
+
+
+def test_tier_assignment():
+    t = load_trace("poisson:qpm=600,duration=20m,tiers=0.2/0.5/0.3", seed=1)
+    assert t.tier is not None and len(t.tier) == len(t)
+    share = {k: t.tier.count(k) / len(t) for k in ("interactive", "standard", "batch")}
+    assert abs(share["interactive"] - 0.2) < 0.03 and abs(share["batch"] - 0.3) < 0.03
+    from argusdiff.domain import Tier
+
+    assert {Tier(x) for x in set(t.tier)} == set(Tier)
+    with pytest.raises(TraceError, match="three shares"):
+        load_trace("poisson:qpm=60,tiers=0.5/0.5")
+    with pytest.raises(TraceError, match="three shares"):
+        load_trace("poisson:qpm=60,tiers=-1/1/1")

@@ -48,6 +48,7 @@ __all__ = [
     "Trace",
     "TraceError",
     "assign_prompts",
+    "assign_tiers",
     "bursty",
     "default_prompt_order",
     "detect_format",
@@ -268,7 +269,8 @@ def assign_prompts(n: int, n_prompts: int, *, order: str | None = None, seed: in
     if order is None:
         order = default_prompt_order()
     if order == "random":
-        return np.random.default_rng(seed).integers(0, n_prompts, size=n, dtype=np.int64)
+        # a stream of its own, independent of the arrival times drawn with the same seed
+        return np.random.default_rng([seed, 0x9E37]).integers(0, n_prompts, size=n, dtype=np.int64)
     if order == "sequential":
         return np.arange(n, dtype=np.int64) % n_prompts
     raise TraceError(f"order must be one of {', '.join(PROMPT_ORDERS)}; got {order!r}")
@@ -604,7 +606,30 @@ def _gen_diurnal(p, seed, default_shape="azure"):
     )
 
 
-_COMMON_KEYS = ("seed", "prompts", "order")
+_COMMON_KEYS = ("seed", "prompts", "order", "tiers")
+TIERS = ("interactive", "standard", "batch")  # argusdiff.domain.Tier values
+
+
+def assign_tiers(n: int, shares: Sequence[float], *, seed: int = 0) -> tuple[str, ...]:
+    """Per-request tiers drawn with the given shares of interactive/standard/batch."""
+    w = np.asarray(shares, dtype=np.float64)
+    if w.shape != (3,) or not np.all(np.isfinite(w)) or w.min() < 0 or w.sum() <= 0:
+        raise TraceError(f"tiers: need three shares >= 0 (interactive/standard/batch), got {list(shares)}")
+    draw = np.random.default_rng([seed, 0x7135]).choice(3, size=n, p=w / w.sum())
+    names = np.array(TIERS, dtype=object)
+    return tuple(names[draw])
+
+
+def _parse_tiers(raw: str, kind: str) -> tuple[float, float, float]:
+    parts = raw.split("/")
+    try:
+        vals = tuple(float(x) for x in parts)
+    except ValueError:
+        vals = ()
+    if len(vals) != 3:
+        raise TraceError(f"trace spec {kind!r}: tiers={raw!r} must be three shares I/S/B, e.g. tiers=0.2/0.6/0.2")
+    return vals  # type: ignore[return-value]
+
 
 GENERATORS: dict[str, _Generator] = {
     "poisson": _Generator(
@@ -649,6 +674,8 @@ def _finish(
     order = params.get("order", order)
     if order is not None and order not in PROMPT_ORDERS:
         raise TraceError(f"trace spec {kind!r}: order must be one of {', '.join(PROMPT_ORDERS)}; got {order!r}")
+    if "tiers" in params and trace.tier is None:
+        trace = trace._replace(tier=assign_tiers(len(trace), _parse_tiers(params["tiers"], kind), seed=seed))
     if n_prompts is not None and trace.prompt_idx is None:
         if n_prompts < 1:
             raise TraceError(f"trace spec {kind!r}: prompts must be >= 1")
@@ -1002,7 +1029,9 @@ def load_trace(
     end = _take(opts, "end", kind=where, conv=_dur("end")) if "end" in opts else None
     trace = read_trace(p, format=format, seed=seed, **scaling)
     trace = _rescaled(trace, mean_qpm, peak_qpm, start, end)
-    return _finish(trace, {k: v for k, v in opts.items() if k in ("prompts", "order")}, p.name, n_prompts, order, seed)
+    return _finish(
+        trace, {k: v for k, v in opts.items() if k in ("prompts", "order", "tiers")}, p.name, n_prompts, order, seed
+    )
 
 
 def _rescaled(trace: Trace, mean_qpm, peak_qpm, start, end) -> Trace:
