@@ -164,7 +164,7 @@ def test_proteus_reader(tmp_path):
     assert detect_format(f) == "proteus"
     t = load_trace(f)
     assert list(t.slo_s) == [0.3, 0.3, 0.075]
-    assert t.tier == ("qos1", "qos2", "qos1")
+    assert t.tier is None  # qos levels are validated, not kept (no text-to-image meaning)
     assert t.prompt_idx is None
 
 

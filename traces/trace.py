@@ -801,15 +801,14 @@ def _read_proteus(p: Path, lines: Sequence[str]) -> Trace:
     rows, linenos = _read_numeric_rows(p, lines, 3, "start_ms,qos_level,deadline_ms")
     arr = np.empty(len(rows))
     slo = np.empty(len(rows))
-    qos = []
     for j, (cells, ln) in enumerate(zip(rows, linenos, strict=True)):
         arr[j] = _num(p, ln, cells[0], "start_ms") / 1000.0
-        qos.append(f"qos{int(_num(p, ln, cells[1], 'qos_level', integer=True))}")
+        _num(p, ln, cells[1], "qos_level", integer=True)  # validated; Proteus' classes have no T2I tier
         d = _num(p, ln, cells[2], "deadline_ms")
         if d <= 0:
             raise TraceError(f"{p}:{ln}: deadline_ms must be > 0, got {cells[2]!r}")
         slo[j] = d / 1000.0
-    return Trace(arrivals_s=arr, slo_s=slo, tier=tuple(qos), name=p.stem, source=str(p), format="proteus")
+    return Trace(arrivals_s=arr, slo_s=slo, name=p.stem, source=str(p), format="proteus")
 
 
 def _read_argusdiff(p: Path, lines: Sequence[str]) -> Trace:
