@@ -121,7 +121,7 @@ class Argus(Policy):
         from solver.allocate import allocate
 
         o = self.options
-        current = {w: stats.current.get(w) for w in stats.workers}
+        current = self.current_in(profile, stats)
         return allocate(
             profile.levels,
             list(stats.workers),
@@ -133,6 +133,23 @@ class Argus(Policy):
             margin=margin,
             time_limit_s=o.time_limit_s,
         )
+
+    def current_in(self, profile: Profile, stats: ClusterStats) -> dict[str, str | None]:
+        """Each up worker's current level, expressed in ``profile``'s levels: a level of the other
+        strategy maps to the level of ``profile`` that runs the same model (no load), else None."""
+        ids = set(profile.ids)
+        by_model: dict[str, str] = {}
+        for lv in profile.levels:  # best first: the best level of a model wins
+            by_model.setdefault(lv.model, lv.id)
+        models = {lv.id: lv.model for p in self._profiles().values() for lv in p.levels}
+        out: dict[str, str | None] = {}
+        for w in stats.workers:
+            cur = stats.current.get(w)
+            if cur is None or cur in ids:
+                out[w] = cur
+            else:
+                out[w] = by_model.get(models.get(cur, ""))
+        return out
 
     def plan(self, stats: ClusterStats) -> Plan:
         notes = self._update_mode(stats)

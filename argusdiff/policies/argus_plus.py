@@ -39,7 +39,7 @@ class ArgusPlus(Argus):
             profile.levels,
             list(stats.workers),
             demand,
-            current={w: stats.current.get(w) for w in stats.workers},
+            current=self.current_in(profile, stats),
             formulation=o.formulation,
             backend=o.backend,
             switch_tolerance=max(o.switch_tolerance, 0.02) if o.switch_aware else o.switch_tolerance,

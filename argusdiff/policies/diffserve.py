@@ -52,6 +52,8 @@ class DiffServe(Policy):
         self.window_s = 30.0
         self.move_interval_s = 10.0
         self._last_move = -1e18
+        self._last_dir = 0
+        self._last_feasible: tuple[int, Any] | None = None
         self._workers: dict[str, list[str]] = {}
         self._version_seen = -1
         self.last_solution: Any = None
@@ -118,10 +120,24 @@ class DiffServe(Policy):
                 notes=("no worker is up",),
             )
         sol = self.solve(stats, demand)
+        notes: list[str] = []
+        if not getattr(sol, "feasible", True):
+            prev = self._last_feasible
+            if prev is not None and prev[0] == len(stats.workers):
+                # the MILP found no split meeting the latency bound with the observed queues
+                # (Little's law on a near-idle level can inflate the wait): keep the last feasible one
+                notes.append("MILP infeasible with the observed queues: kept the last feasible split")
+                sol = prev[1]
+            else:
+                notes.append("MILP infeasible: best effort")
+        else:
+            self._last_feasible = (len(stats.workers), sol)
         self.last_solution = sol
         x_light, x_heavy = int(sol.x_light), int(sol.x_heavy)
         if x_light < 1:  # every query starts on the light model
             x_light, x_heavy = 1, max(0, x_heavy - 1)
+        if x_heavy < 1 and sol.threshold > 0 and x_light > 1:  # deferred queries need a heavy worker
+            x_light, x_heavy = x_light - 1, 1
         x_light, x_heavy = self._limit_moves(stats, demand, x_light, x_heavy)
         assignment = self._assign(stats, x_light, x_heavy)
         t = float(sol.threshold)
@@ -145,30 +161,31 @@ class DiffServe(Policy):
             thresholds={self.light.id: t},
             batch_sizes={self.light.id: int(sol.b_light), self.heavy.id: int(sol.b_heavy)},
             policy=self.name,
-            notes=() if getattr(sol, "feasible", True) else ("MILP infeasible: best effort",),
+            notes=tuple(notes),
         )
 
     def plan(self, stats: ClusterStats) -> Plan:
         return self.make_plan(stats, self.demand_qpm(stats))
 
     def _limit_moves(self, stats: ClusterStats, demand: float, x_light: int, x_heavy: int) -> tuple[int, int]:
-        """Move at most one worker between the models per ``move_interval_s`` (a model load takes
-        seconds; re-splitting on every 1 s plan would keep workers loading), unless the light
-        workers cannot carry the demand — then adopt the MILP's split at once."""
+        """Hysteresis on the worker split: a model load takes seconds, so re-splitting back and forth
+        on 1 s plans would keep workers loading. Moves in the same direction as the last one are
+        taken at once; a reversal waits ``move_interval_s`` after the last move, unless the light
+        workers cannot carry the demand."""
         cur_light = sum(1 for w in stats.workers if stats.current.get(w) == self.light.id)
         cur_heavy = sum(1 for w in stats.workers if stats.current.get(w) == self.heavy.id)
         if cur_light + cur_heavy != len(stats.workers) or cur_light == 0:
             return x_light, x_heavy  # first plan or workers changed: take the MILP's split
-        b = max(self.light.batch_sizes)
-        light_cap = cur_light * self.light.throughput_qpm(b)
-        if light_cap < demand * self.options.overprovision:
-            self._last_move = stats.now_s
+        if x_light == cur_light:
             return x_light, x_heavy
-        if x_light == cur_light or stats.now_s - self._last_move < self.move_interval_s:
-            return cur_light, cur_heavy
-        self._last_move = stats.now_s
-        step = 1 if x_light > cur_light else -1
-        return cur_light + step, cur_heavy - step
+        direction = 1 if x_light > cur_light else -1
+        b = max(self.light.batch_sizes)
+        starved = cur_light * self.light.throughput_qpm(b) < demand * self.options.overprovision
+        if direction == self._last_dir or starved or stats.now_s - self._last_move >= self.move_interval_s:
+            self._last_move = stats.now_s
+            self._last_dir = direction
+            return x_light, x_heavy
+        return cur_light, cur_heavy
 
     # ---- data path -----------------------------------------------------------------------
 
@@ -188,7 +205,8 @@ class DiffServe(Policy):
         b = plan.batch_sizes.get(level.id, 1)
         w = select_worker(workers, view, level.latency(b) / b)
         wait = max(0.0, view.busy_until.get(w, view.now_s) - view.now_s)
-        runtime = level.latency(b)
+        # an idle worker starts this query alone; a busy one takes it in a batch of up to b
+        runtime = level.latency(b) if wait > 0 else level.latency(1)
         if (view.now_s - request.arrival_s) + wait + runtime > self.options.drop_factor * self.slo_s:
             return Assignment(level=None, worker=w, dropped=True, reason="predicted to miss 1.5 x SLO")
         return Assignment(level=level.id, worker=w)
@@ -197,6 +215,10 @@ class DiffServe(Policy):
         return self._send(request, plan, view, self.light)
 
     def route_heavy(self, request: Request, plan: Plan, view: RouteView) -> Assignment:
+        """A deferred query; with no heavy worker in the current plan the light image is returned
+        (``level=None`` without ``dropped``)."""
+        if not self._workers_of(plan)[self.heavy.id]:
+            return Assignment(level=None, reason="no heavy worker: light image returned")
         return self._send(request, plan, view, self.heavy)
 
 

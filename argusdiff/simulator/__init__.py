@@ -3,7 +3,7 @@
 from argusdiff.simulator.engine import SimConfig, SimResult, Simulator, simulate
 from argusdiff.simulator.faults import Fault, parse_faults
 from argusdiff.simulator.metrics import minute_metrics, summarize
-from argusdiff.simulator.workload import Workload, build_workload
+from argusdiff.simulator.workload import Workload, build_workload, quick_workload
 
 __all__ = [
     "Fault",
@@ -14,6 +14,7 @@ __all__ = [
     "build_workload",
     "minute_metrics",
     "parse_faults",
+    "quick_workload",
     "simulate",
     "summarize",
 ]

@@ -535,6 +535,8 @@ class Simulator:
         view.now_s = t
         req = Request(id=str(i), prompt=self.wl.prompts[p], arrival_s=float(self.wl.arrivals_s[i]), prompt_idx=p)
         a = self.policy.route_heavy(req, plan, view)  # type: ignore[attr-defined]
+        if a.level is None and not a.dropped:
+            return  # the policy keeps the light image
         self.deferred[i] = True
         if a.dropped or a.level is None:
             self.status[i] = DROPPED

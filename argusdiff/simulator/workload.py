@@ -154,3 +154,44 @@ def build_workload(
         confidence_source=confidence_source,
         trace_name=trace_name,
     )
+
+
+def quick_workload(
+    trace: str,
+    profiles: Sequence[Profile],
+    *,
+    n_prompts: int = 500,
+    seed: int = 0,
+    confusion: float = 0.0,
+    embeddings: np.ndarray | None = None,
+) -> Workload:
+    """A small workload for tests and notebooks: a generated trace, the first ``n_prompts`` of the
+    built-in prompt set, SYNTHETIC quality tables (``traces.synthetic``) for ``profiles``, the oracle
+    classifier stand-in with ``confusion``, and cascade confidences derived from the tables."""
+    from argusdiff.policies.classifier import OracleClassifier
+    from traces.prompts import builtin_prompts
+    from traces.synthetic import synthetic_quality_table
+    from traces.trace import load_trace
+
+    prompts = builtin_prompts().head(n_prompts)
+    tables = {p.name: (p, synthetic_quality_table(prompts, p, seed=seed)) for p in profiles}
+    classifiers = {name: OracleClassifier(t, confusion=confusion, seed=seed) for name, (_p, t) in tables.items()}
+    confidence = None
+    for p, t in tables.values():
+        if p.cascade is not None:
+            from argusdiff.replay import _cascade_confidence
+
+            confidence = _cascade_confidence(t, p, seed)
+    tr = load_trace(trace, seed=seed, n_prompts=len(prompts))
+    return build_workload(
+        tr.arrivals_s,
+        tr.prompt_idx,
+        list(prompts.prompts),
+        tables,
+        classifiers=classifiers,
+        embeddings=embeddings,
+        confidence=confidence,
+        classifier_desc=next(iter(classifiers.values())).description,
+        quality_source="SYNTHETIC (traces.synthetic)",
+        trace_name=tr.name,
+    )

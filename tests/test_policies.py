@@ -1,0 +1,185 @@
+"""Each policy's defining behaviour, on the simulator with SYNTHETIC quality tables."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from argusdiff.domain import ClusterStats, Request
+from argusdiff.policies import POLICIES, PolicyError, RouteView, make_policy, select_worker
+from argusdiff.policies.classifier import OracleClassifier
+from argusdiff.profile import load_profile
+from argusdiff.simulator import SimConfig, quick_workload, simulate, summarize
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+FAMILY_AC = ("argus", "argus+", "pac", "nirvana")
+FAMILY_SM = ("proteus", "sommelier", "clipper-ha", "clipper-ht")
+FAMILY_CASCADE = ("diffserve", "diffserve-static")
+
+
+@pytest.fixture(scope="module")
+def profiles():
+    return {
+        "ac": load_profile("sdxl-ac-a100"),
+        "sm": load_profile("sm-a100"),
+        "cascade": load_profile("cascade-sdxlltn-sdxl"),
+    }
+
+
+def family(name):
+    return "ac" if name in FAMILY_AC else "sm" if name in FAMILY_SM else "cascade"
+
+
+def run(name, profiles, wl, *, seed=0, options=None, **cfg):
+    prof = profiles[family(name)]
+    opts = {"period_s": 1.0 if name in FAMILY_CASCADE else 60.0, **(options or {})}
+    if name in ("argus", "argus+"):
+        opts["fallback"] = profiles["sm"]
+    if name == "diffserve-static":
+        opts["peak_qpm"] = float(np.max(np.bincount((wl.arrivals_s // 60).astype(int))))
+    pol = make_policy(name, prof, rng=np.random.default_rng(seed), config=opts)
+    return simulate(pol, wl, SimConfig(seed=seed, period_s=opts["period_s"], slo_s=12.6, cache_prefill=0.5, **cfg))
+
+
+@pytest.fixture(scope="module")
+def all_profiles_workload(profiles):
+    def make(trace, **kw):
+        return quick_workload(trace, list(profiles.values()), n_prompts=400, **kw)
+
+    return make
+
+
+def test_registry_and_errors(profiles):
+    assert set(POLICIES) >= set(FAMILY_AC + FAMILY_SM + FAMILY_CASCADE)
+    with pytest.raises(PolicyError, match="unknown policy"):
+        make_policy("nope", profiles["ac"], rng=np.random.default_rng(0))
+    with pytest.raises(PolicyError, match="nirvana"):
+        make_policy("nirvana", profiles["sm"], rng=np.random.default_rng(0))
+    with pytest.raises(PolicyError):
+        make_policy("diffserve", profiles["sm"], rng=np.random.default_rng(0))
+    with pytest.raises(PolicyError, match="unknown policy option"):
+        make_policy("argus", profiles["ac"], rng=np.random.default_rng(0), config={"bogus": 1})
+
+
+def test_worker_selector_is_argmin_queue_times_processing_time():
+    view = RouteView(queue_lengths={"a": 3, "b": 1, "c": 1}, busy_until={"a": 9.0, "b": 5.0, "c": 4.0})
+    assert select_worker(["a", "b", "c"], view, 2.0) == "c"  # tie on queue: frees first
+    assert select_worker(["a", "b"], view, [0.5, 4.0]) == "a"  # (3+1)*0.5 < (1+1)*4
+    assert select_worker([], view, 1.0) is None
+
+
+def test_oracle_classifier_confusion_is_as_stated(profiles):
+    wl_prompts = [f"prompt {i}" for i in range(2000)]
+    from traces.synthetic import synthetic_quality_table
+
+    table = synthetic_quality_table(wl_prompts, profiles["ac"], seed=1)
+    exact = OracleClassifier(table, confusion=0.0)
+    assert np.array_equal(exact.predicted, table.optimal_levels(0.9))
+    noisy = OracleClassifier(table, confusion=0.3, seed=2)
+    assert abs(noisy.accuracy - 0.7) < 0.05
+    assert np.all(np.abs(noisy.predicted - noisy.optimal) <= 1)  # errors go to an adjacent level
+    assert "30% confusion" in noisy.description
+    assert noisy.predict(wl_prompts[:3]) == [table.level_ids[i] for i in noisy.predicted[:3]]
+
+
+@pytest.mark.parametrize("name", FAMILY_AC + FAMILY_SM + FAMILY_CASCADE)
+def test_low_load_everything_within_slo(name, profiles, all_profiles_workload):
+    wl = all_profiles_workload("poisson:qpm=20,duration=10m")
+    s = summarize(run(name, profiles, wl))
+    assert s["requests"] > 100
+    assert s["dropped"] == 0
+    assert s["slo_violation_ratio"] <= 0.01, s
+
+
+def test_clipper_ha_violates_under_high_load_and_clipper_ht_does_not(profiles, all_profiles_workload):
+    wl = all_profiles_workload("poisson:qpm=200,duration=10m")
+    ha = summarize(run("clipper-ha", profiles, wl))
+    ht = summarize(run("clipper-ht", profiles, wl))
+    assert ha["slo_violation_ratio"] > 0.5
+    assert ht["slo_violation_ratio"] < 0.01
+    assert ha["relative_quality"] > ht["relative_quality"]
+
+
+def test_argus_quality_at_least_pac_at_equal_load(profiles, all_profiles_workload):
+    # moderate load: the allocation mixes levels, so where each prompt goes matters
+    wl = all_profiles_workload("poisson:qpm=110,duration=20m", confusion=0.1)
+    argus = summarize(run("argus", profiles, wl))
+    pac = summarize(run("pac", profiles, wl))
+    assert argus["relative_quality"] >= pac["relative_quality"]
+    assert argus["effective_quality"] >= pac["effective_quality"]
+
+
+def test_nirvana_chooses_k_from_cache_similarity(profiles, all_profiles_workload):
+    from cache.policy import k_for_similarity
+
+    ac = profiles["ac"]
+    pol = make_policy("nirvana", ac, rng=np.random.default_rng(0))
+    stats = ClusterStats(now_s=0.0, period_s=60.0, arrivals=0, workers=("w0", "w1"))
+    plan = pol.plan(stats)
+    for sim in (0.99, 0.92, 0.87, 0.8, 0.7, 0.5):
+        view = RouteView(cache_similarity=sim, queue_lengths={}, busy_until={})
+        a = pol.route(Request(id="r", prompt="p", arrival_s=0.0), plan, view)
+        assert ac.level(a.level).skip == k_for_similarity(sim)
+    view = RouteView(cache_similarity=0.99, cache_healthy=False)
+    assert ac.level(pol.route(Request(id="r", prompt="p", arrival_s=0.0), plan, view).level).skip == 0
+
+
+def test_diffserve_defers_by_threshold_and_drops_hopeless_queries(profiles, all_profiles_workload):
+    cascade = profiles["cascade"]
+    wl = all_profiles_workload("poisson:qpm=150,duration=10m")
+    res = run("diffserve", profiles, wl)
+    s = summarize(res)
+    # the share deferred to the heavy model follows the plans' thresholds through f(t)
+    ts = [p["thresholds"][cascade.cascade.light] for p in res.plans if p["thresholds"]]
+    fs = [cascade.cascade.f(t) for t in ts]
+    share = s["deferred"] / s["requests"]
+    assert min(fs) - 0.05 <= share <= max(fs) + 0.05
+    conf = wl.confidence[wl.prompt_idx]
+    assert conf[res.deferred].mean() < conf[~res.deferred].mean()  # low confidence goes to the heavy model
+    # overload: queries predicted to miss 1.5 x SLO are dropped instead of queued
+    heavy = all_profiles_workload("poisson:qpm=2500,duration=3m")
+    hs = summarize(run("diffserve", profiles, heavy))
+    assert hs["dropped"] > 0
+    served = run("diffserve", profiles, heavy)
+    ok = served.status == 1
+    assert np.all(served.finish_s[ok] - heavy.arrivals_s[ok] <= 1.5 * 12.6 + 10.0)
+
+
+def test_diffserve_static_keeps_its_peak_plan(profiles, all_profiles_workload):
+    wl = all_profiles_workload("bursty:low=20,high=200,period=4m,duration=8m")
+    res = run("diffserve-static", profiles, wl)
+    counts = {tuple(sorted(p["counts"].items())) for p in res.plans}
+    assert len(counts) == 1
+    dyn = run("diffserve", profiles, wl)
+    assert len({tuple(sorted(p["counts"].items())) for p in dyn.plans}) > 1
+
+
+def test_proteus_and_sommelier_pay_model_loads(profiles, all_profiles_workload):
+    wl = all_profiles_workload("bursty:low=20,high=300,period=4m,duration=16m")
+    for name in ("proteus", "sommelier"):
+        s = summarize(run(name, profiles, wl))
+        assert s["model_switches"] > 0
+        assert s["served"] + s["dropped"] == s["requests"]
+
+
+def test_sommelier_decides_per_gpu_from_its_own_load(profiles):
+    sm = profiles["sm"]
+    pol = make_policy("sommelier", sm, rng=np.random.default_rng(0))
+    pol.sent = {"w0": 200, "w1": 1}
+    stats = ClusterStats(now_s=60.0, period_s=60.0, arrivals=201, workers=("w0", "w1"))
+    plan = pol.plan(stats)
+    assert plan.assignment["w1"] == sm.best.id
+    assert sm.index(plan.assignment["w0"]) > 0
+
+
+def test_argus_plus_admission_beats_argus_under_bursts(profiles, all_profiles_workload):
+    wl = all_profiles_workload("bursty:low=40,high=190,period=6m,duration=18m")
+    argus = summarize(run("argus", profiles, wl))
+    plus = summarize(run("argus+", profiles, wl))
+    no_adm = summarize(run("argus+", profiles, wl, options={"admission": False}))
+    assert plus["slo_violation_ratio"] < argus["slo_violation_ratio"]
+    assert plus["slo_violation_ratio"] <= no_adm["slo_violation_ratio"]
+    assert plus["best_effort"] >= 0
