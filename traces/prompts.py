@@ -299,9 +299,11 @@ def _make(kind: str, rng: np.random.Generator) -> str:
         return f"{_pick(rng, _STYLES)} of {subject}{tail}"
     if kind == "portrait":
         lead = _pick(rng, ["a close-up portrait photo of", "a portrait of", "a candid photo of", "a headshot of"])
-        return f"{lead} a {_pick(rng, _PEOPLE)} with {_pick(rng, _FEATURES)}, {_pick(rng, _PHOTO)}" + _pick(
-            rng, ["", ", detailed face", ", looking at the camera", ", holding a cup of tea"]
-        ) + _pick(rng, ["", "", ", highly detailed, 8k, sharp focus", ", cinematic lighting, photorealistic"])
+        return (
+            f"{lead} a {_pick(rng, _PEOPLE)} with {_pick(rng, _FEATURES)}, {_pick(rng, _PHOTO)}"
+            + _pick(rng, ["", ", detailed face", ", looking at the camera", ", holding a cup of tea"])
+            + _pick(rng, ["", "", ", highly detailed, 8k, sharp focus", ", cinematic lighting, photorealistic"])
+        )
     if kind == "text":
         return _pick(rng, _TEXT_TEMPLATES).format(w=_pick(rng, _WORDS), c=_pick(rng, _COLORS))
     if kind == "counting":
