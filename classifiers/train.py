@@ -50,7 +50,7 @@ class TrainConfig:
     mode: str = "head"  # "head" | "full"
     epochs: int = 30
     batch_size: int = 32
-    lr: float | None = None  # None: 1e-3 for "head", 3e-5 for "full"
+    lr: float | None = None  # None: 3e-4 for "head", 3e-5 for "full"
     weight_decay: float = 0.01
     val_fraction: float = 0.2
     patience: int = 4
@@ -67,7 +67,7 @@ class TrainConfig:
     def learning_rate(self) -> float:
         if self.lr is not None:
             return self.lr
-        return 1e-3 if self.mode == "head" else 3e-5
+        return 3e-4 if self.mode == "head" else 3e-5
 
     def validate(self) -> None:
         if self.mode not in ("head", "full"):

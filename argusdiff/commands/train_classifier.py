@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     parser.add_argument("--ratio", type=float, help="optimal level = fastest with quality >= ratio x best (0.9)")
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--lr", type=float, help="learning rate (default 1e-3 head, 3e-5 full)")
+    parser.add_argument("--lr", type=float, help="learning rate (default 3e-4 head, 3e-5 full)")
     parser.add_argument("--val-fraction", type=float, default=0.2)
     parser.add_argument("--patience", type=int, default=4, help="early stopping: epochs without improvement")
     parser.add_argument("--seed", type=int, default=0)
