@@ -150,7 +150,8 @@ def test_imports_stay_light():
         "argusdiff.commands.replay\n"
         "from argusdiff.policies import policy_class, POLICIES\n"
         "[policy_class(n) for n in POLICIES]\n"
-        "bad = [m for m in ('torch', 'diffusers', 'transformers', 'timm', 'open_clip', 'matplotlib') if m in sys.modules]\n"
+        "heavy = ('torch', 'diffusers', 'transformers', 'timm', 'open_clip', 'matplotlib')\n"
+        "bad = [m for m in heavy if m in sys.modules]\n"
         "print(bad); sys.exit(1 if bad else 0)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -123,7 +123,7 @@ class DiffServe(Policy):
         notes: list[str] = []
         if not getattr(sol, "feasible", True):
             prev = self._last_feasible
-            if prev is not None and prev[0] == len(stats.workers):
+            if prev is not None and prev[0] == len(stats.workers) and self._carries(prev[1], demand):
                 # the MILP found no split meeting the latency bound with the observed queues
                 # (Little's law on a near-idle level can inflate the wait): keep the last feasible one
                 notes.append("MILP infeasible with the observed queues: kept the last feasible split")
@@ -166,6 +166,13 @@ class DiffServe(Policy):
 
     def plan(self, stats: ClusterStats) -> Plan:
         return self.make_plan(stats, self.demand_qpm(stats))
+
+    def _carries(self, sol: Any, demand: float) -> bool:
+        """Whether a split serves ``demand`` (× over-provisioning) at its threshold."""
+        d = demand * self.options.overprovision
+        light = int(sol.x_light) * self.light.throughput_qpm(max(1, int(sol.b_light)))
+        heavy = int(sol.x_heavy) * self.heavy.throughput_qpm(max(1, int(sol.b_heavy)))
+        return light >= d and heavy >= d * self.spec.f(float(sol.threshold))
 
     def _limit_moves(self, stats: ClusterStats, demand: float, x_light: int, x_heavy: int) -> tuple[int, int]:
         """Hysteresis on the worker split: a model load takes seconds, so re-splitting back and forth
