@@ -23,7 +23,7 @@ from argusdiff.domain import Profile, Strategy
 from classifiers.errors import TrainingDataError
 from traces.quality import QualityTable
 
-__all__ = ["measure_quality_table"]
+__all__ = ["generate_images", "measure_quality_table"]
 
 
 def measure_quality_table(
@@ -93,3 +93,39 @@ def measure_quality_table(
         synthetic=False,
         profile=profile.name,
     )
+
+
+def generate_images(
+    prompts: Any,
+    level_id: str,
+    executor_for: Callable[[str], Any],
+    *,
+    seed: int = 0,
+    batch_size: int = 1,
+    progress: bool = True,
+) -> list[Any]:
+    """Generate each prompt once at ``level_id`` (seed ``seed + row``); PIL images in order.
+
+    Used to build the *generated* side of a discriminator's training set from a prompt set.
+    """
+    from PIL import Image
+    from tqdm.auto import tqdm
+
+    from workers.executor import WorkItem
+
+    texts = list(getattr(prompts, "prompts", prompts))
+    if not texts:
+        raise TrainingDataError("no prompts to generate")
+    executor = executor_for(level_id)
+    images = []
+    for start in tqdm(range(0, len(texts), batch_size), desc=f"generating {level_id}", disable=not progress):
+        rows = range(start, min(start + batch_size, len(texts)))
+        items = [
+            WorkItem(request_id=f"gen-{level_id}-{i}", prompt=texts[i], level=level_id, seed=seed + i) for i in rows
+        ]
+        for i, res in zip(rows, executor.run(items), strict=True):
+            if not res.ok:
+                raise TrainingDataError(f"prompt {i} at level {level_id!r} failed: {res.error}")
+            with Image.open(io.BytesIO(res.image_png)) as im:
+                images.append(im.convert("RGB"))
+    return images

@@ -151,3 +151,31 @@ def test_cli_train_discriminator(tmp_path, capsys):
     assert main([*argv[:5], "--out", str(tmp_path / "e"), "--profile", "sm-a100"]) == 2
     assert "no [cascade]" in capsys.readouterr().err
     assert main(["train-discriminator", "--real", str(tmp_path / "nope"), "--generated", "x", "--out", "y"]) == 2
+
+
+def test_cli_generated_side_from_prompts(tmp_path, capsys, demo_models_dir, monkeypatch):
+    import json
+
+    from PIL import Image
+
+    from argusdiff.cli import main
+    from workers.demo import demo_profile_path
+
+    monkeypatch.setenv("ARGUSDIFF_WORKERS__MODELS_DIR", demo_models_dir)
+    monkeypatch.setenv("ARGUSDIFF_WORKERS__DEVICE", "cpu")
+    real = tmp_path / "real"
+    real.mkdir()
+    for i, arr in enumerate(synthetic_images(8, "real", seed=2, size=64)):
+        Image.fromarray(arr).save(real / f"{i}.png")
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("\n".join(f"a photo of object {i}" for i in range(8)) + "\n")
+    profile = str(demo_profile_path("demo-cpu-cascade"))
+    argv = ["train-discriminator", "--real", str(real), "--prompts", str(prompts), "--profile", profile]
+    argv += ["--out", str(tmp_path / "d"), "--variant", "test_efficientnet", "--image-size", "32", "--epochs", "1"]
+    argv += ["--no-progress", "--json"]
+    assert main(argv) == 0, capsys.readouterr().err
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["n_train"] + rep["n_val"] == 16
+    assert Discriminator.load(tmp_path / "d").meta.light == "sd-light"
+    assert main([*argv[:5], "--out", str(tmp_path / "e")]) == 2  # --prompts without --profile
+    assert "--profile" in capsys.readouterr().err

@@ -10,7 +10,12 @@ from pathlib import Path
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     parser.add_argument("--real", required=True, help="folder of real images (png, jpg, webp)")
-    parser.add_argument("--generated", required=True, help="folder of the light model's generated images")
+    gen = parser.add_mutually_exclusive_group(required=True)
+    gen.add_argument("--generated", help="folder of the light model's generated images")
+    gen.add_argument(
+        "--prompts", help="prompt set (file or 'builtin'): generate the light level's images now (needs --profile)"
+    )
+    parser.add_argument("--limit", type=int, help="with --prompts: use the first N prompts")
     parser.add_argument("--out", required=True, help="directory to write the trained discriminator to")
     parser.add_argument("--profile", help="cascade profile (name or TOML): records its light/heavy levels")
     parser.add_argument("--config", help="settings TOML ([classifier] section)")
@@ -26,6 +31,27 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(run=run)
+
+
+def _generate(args: argparse.Namespace, light: str | None, profile, settings) -> list:
+    from argusdiff.errors import ConfigError
+    from classifiers.measure import generate_images
+    from traces.prompts import load_prompts
+    from workers.executor import build_executor
+    from workers.registry import ModelRegistry
+
+    if profile is None or light is None:
+        raise ConfigError("--prompts needs --profile (a cascade profile: its light level generates the images)")
+    prompts = load_prompts(args.prompts)
+    if args.limit is not None:
+        if args.limit < 2:
+            raise ConfigError(f"--limit must be >= 2, got {args.limit}")
+        prompts = prompts.head(args.limit)
+    registry = ModelRegistry.from_config(settings.workers)
+    level = profile.level(light)  # the light level alone, no judge: its raw images
+    return generate_images(
+        prompts, light, lambda _id: build_executor(level, registry), seed=args.seed, progress=not args.no_progress
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -51,7 +77,11 @@ def run(args: argparse.Namespace) -> int:
         if profile.cascade is None:
             raise ConfigError(f"--profile: {profile.name!r} has no [cascade] section")
         light, heavy, profile_name = profile.cascade.light, profile.cascade.heavy, profile.name
-    real, generated = list_images(args.real), list_images(args.generated)
+    real = list_images(args.real)
+    if args.prompts is not None:
+        generated = _generate(args, light, profile if args.profile else None, load_settings(args.config))
+    else:
+        generated = list_images(args.generated)
     config = DiscriminatorTrainConfig(
         variant=args.variant or settings.discriminator_variant,
         image_size=args.image_size or settings.discriminator_image_size,
