@@ -150,11 +150,42 @@ def live_service(service_env):
 
     servers: list[LiveServer] = []
 
-    def make(settings=None, **kwargs) -> LiveServer:
+    def make(settings=None, *, ready: bool = True, **kwargs) -> LiveServer:
         server = LiveServer(Service(settings or service_settings(), **kwargs))
         servers.append(server)
-        return server.start(ready=kwargs.pop("ready", True) if "ready" in kwargs else True)
+        return server.start(ready=ready)
 
     yield make
     for s in servers:
         s.stop()
+
+
+@pytest.fixture
+def worker_procs(service_env):
+    """Factory: ``worker_procs(redis_url, worker_id, scale)`` starts ``argusdiff worker`` processes
+    in stand-in TEST MODE; all are killed at teardown."""
+    import sys
+
+    procs: list[subprocess.Popen] = []
+
+    def start(url: str, worker_id: str, scale: float = 0.001, namespace: str = "argusdiff") -> subprocess.Popen:
+        env = dict(os.environ)
+        env.update(
+            ARGUSDIFF_SERVICE__HEARTBEAT_S="0.1",
+            ARGUSDIFF_SERVICE__WORKER_TIMEOUT_S="1.0",
+            ARGUSDIFF_WORKERS__POLL_S="0.05",
+            PYTHONUNBUFFERED="1",
+        )
+        cmd = [sys.executable, "-m", "argusdiff", "worker", "--redis", url, "--id", worker_id,
+               "--stand-in", str(scale), "--namespace", namespace, "--log-level", "warning"]  # fmt: skip
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        procs.append(proc)
+        return proc
+
+    yield start
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait(timeout=10)
+        if p.stderr is not None:
+            p.stderr.close()

@@ -12,7 +12,9 @@ service.start()`` starts the dispatch, the control loop and any embedded workers
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,7 +22,7 @@ import numpy as np
 from argusdiff.config import Settings
 from argusdiff.domain import Profile, Strategy
 from argusdiff.policies import PolicyOptions, make_policy
-from argusdiff.profile import load_profile
+from argusdiff.profile import PROFILE_DIR, load_profile
 from argusdiff.service.control import ControlLoop
 from argusdiff.service.dispatch import LocalDispatch, RedisDispatch
 from argusdiff.service.executors import ExecutorFactory, build_cache, level_table
@@ -33,6 +35,13 @@ from argusdiff.service.worker import ServiceWorker
 __all__ = ["Service", "load_classifier", "policy_options"]
 
 log = logging.getLogger("argusdiff.service")
+
+
+def profile_ref(profile: Profile) -> str:
+    """A shipped profile's name, else the path it was loaded from (what a worker passes to load_profile)."""
+    if profile.source and Path(profile.source).resolve().parent == PROFILE_DIR.resolve():
+        return profile.name
+    return profile.source or profile.name
 
 
 def policy_options(settings: Settings, profile: Profile, fallback: Profile | None) -> PolicyOptions:
@@ -156,6 +165,12 @@ class Service:
 
     async def start(self) -> None:
         await self.dispatch.start()
+        if self.dispatch.mode == "redis":
+            deployment = {"profile": profile_ref(self.profile), "fallback": self.config.fallback_profile}
+            try:
+                await asyncio.to_thread(self.dispatch.queue.publish_deployment, deployment)
+            except Exception as exc:  # Redis down at start: the control loop keeps retrying
+                log.warning("cannot publish the deployment to redis: %s", exc)
         for w in self.workers:
             w.heartbeat_once()  # known to the first plan
             w.start()

@@ -47,6 +47,7 @@ class RedisKeys:
         self.plan = f"{namespace}:plan"
         self.plan_channel = f"{namespace}:plan-changed"
         self.workers = f"{namespace}:workers"
+        self.deployment = f"{namespace}:deployment"
 
     def stream(self, level_id: str) -> str:
         return f"{self.ns}:q:{level_id}"
@@ -334,6 +335,14 @@ class RedisWorkQueue:
 
     def read_plan(self) -> dict[str, Any] | None:
         raw = self._call(self.r.get, self.keys.plan)
+        return None if raw is None else json.loads(raw)
+
+    def publish_deployment(self, data: dict[str, Any]) -> None:
+        """What the router serves (profile names), so a worker started without --profile can follow."""
+        self._call(self.r.set, self.keys.deployment, json.dumps(data))
+
+    def read_deployment(self) -> dict[str, Any] | None:
+        raw = self._call(self.r.get, self.keys.deployment)
         return None if raw is None else json.loads(raw)
 
     def beat(self, worker_id: str, info: dict[str, Any], ttl_s: float) -> None:

@@ -1,0 +1,98 @@
+"""``argusdiff serve``: the REST endpoint, router and control loop (embedded workers by default).
+
+With no arguments it serves the ``demo-cpu`` profile (tiny models) with embedded workers and
+in-process queues, so it runs on a CPU machine. ``--redis URL`` distributes the work over Redis
+Streams to ``argusdiff worker`` processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+DEFAULT_PROFILE = "demo-cpu"
+
+
+def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
+    parser.add_argument("--config", metavar="FILE", help="settings TOML (ARGUSDIFF_* variables override it)")
+    parser.add_argument(
+        "--profile", help=f"deployment profile name or TOML path (default: the config's, else {DEFAULT_PROFILE})"
+    )
+    parser.add_argument("--redis", metavar="URL", help="redis://host:port/db: distribute work to `argusdiff worker`s")
+    parser.add_argument("--host", help="bind address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="TCP port (default 8000)")
+    parser.add_argument("--workers", type=int, metavar="N", help="embedded workers in this process (default 2)")
+    parser.add_argument("--policy", help="routing policy (default argus; see `argusdiff replay --help`)")
+    parser.add_argument("--fallback-profile", metavar="NAME", help="SM profile to switch to when the cache degrades")
+    parser.add_argument("--api-key", action="append", metavar="KEY", help="accepted Bearer key (repeatable)")
+    parser.add_argument(
+        "--stand-in-workers",
+        type=float,
+        metavar="SCALE",
+        help="TEST MODE: embedded workers sleep the profiled latency x SCALE instead of running models",
+    )
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.set_defaults(run=run)
+
+
+def settings_from_args(args: argparse.Namespace) -> Any:
+    from argusdiff.config import Settings, load_settings
+    from argusdiff.errors import ConfigError
+
+    settings = load_settings(args.config)
+    data = settings.model_dump()
+    svc = data["service"]
+    explicit = {
+        "redis_url": args.redis,
+        "host": args.host,
+        "port": args.port,
+        "workers": args.workers,
+        "policy": args.policy,
+        "fallback_profile": args.fallback_profile,
+        "stand_in_scale": args.stand_in_workers,
+    }
+    svc.update({k: v for k, v in explicit.items() if v is not None})
+    if args.api_key:
+        svc["api_keys"] = tuple(args.api_key)
+    if args.profile:
+        data["profile"] = args.profile
+    elif not _config_sets_profile(args.config):
+        data["profile"] = DEFAULT_PROFILE
+    try:
+        return Settings.model_validate(data)
+    except Exception as exc:
+        raise ConfigError(f"argusdiff serve: {exc}") from None
+
+
+def _config_sets_profile(path: str | None) -> bool:
+    import os
+    import tomllib
+
+    if os.environ.get("ARGUSDIFF_PROFILE"):
+        return True
+    if path is None:
+        return False
+    with open(path, "rb") as fh:
+        return "profile" in tomllib.load(fh)
+
+
+def run(args: argparse.Namespace) -> int:
+    import logging
+
+    import uvicorn
+
+    from argusdiff.service.api import create_app
+    from argusdiff.service.app import Service
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = settings_from_args(args)
+    service = Service(settings)
+    cfg = settings.service
+    mode = f"redis {cfg.redis_url}" if cfg.redis_url else "embedded queues"
+    workers = f"{cfg.workers} embedded worker(s)" + (" (stand-in TEST MODE)" if cfg.stand_in_scale else "")
+    logging.getLogger("argusdiff.service").info(
+        "serving profile %s with policy %s, %s, %s on http://%s:%d",
+        service.profile.name, cfg.policy, mode, workers, cfg.host, cfg.port,
+    )  # fmt: skip
+    uvicorn.run(create_app(service), host=cfg.host, port=cfg.port, log_level=args.log_level, access_log=False)
+    return 0

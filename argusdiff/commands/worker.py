@@ -1,0 +1,115 @@
+"""``argusdiff worker --redis URL --gpu N``: one worker taking work from Redis Streams.
+
+The worker follows the plan the router's control loop publishes in Redis (which level to serve),
+heartbeats, and acks each item after its result is stored. Without ``--profile`` it serves the
+profile the router announces.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
+    parser.add_argument("--redis", metavar="URL", required=True, help="redis://host:port/db of the deployment")
+    parser.add_argument("--gpu", type=int, metavar="N", help="CUDA device index (default: [workers] device)")
+    parser.add_argument("--id", dest="worker_id", help="worker id (default: host-gpuN-pid)")
+    parser.add_argument("--config", metavar="FILE", help="settings TOML (ARGUSDIFF_* variables override it)")
+    parser.add_argument("--profile", help="profile name or TOML path (default: the one the router announces)")
+    parser.add_argument("--namespace", help="Redis key prefix (default: [service] namespace)")
+    parser.add_argument(
+        "--stand-in",
+        type=float,
+        metavar="SCALE",
+        help="TEST MODE: sleep the profiled latency x SCALE instead of running models",
+    )
+    parser.add_argument("--wait-s", type=float, default=60.0, help="how long to wait for the router to announce")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.set_defaults(run=run)
+
+
+def _settings(args: argparse.Namespace) -> Any:
+    from argusdiff.config import Settings, load_settings
+
+    settings = load_settings(args.config)
+    data = settings.model_dump()
+    data["service"]["redis_url"] = args.redis
+    if args.namespace:
+        data["service"]["namespace"] = args.namespace
+    if args.gpu is not None:
+        if args.gpu < 0:
+            from argusdiff.errors import ConfigError
+
+            raise ConfigError(f"--gpu must be >= 0, got {args.gpu}")
+        data["workers"]["device"] = f"cuda:{args.gpu}"
+    return Settings.model_validate(data)
+
+
+def run(args: argparse.Namespace) -> int:
+    import logging
+    import os
+    import signal
+    import socket
+    import time
+
+    from argusdiff.errors import ConfigError
+    from argusdiff.profile import load_profile
+    from argusdiff.service.errors import QueueUnavailable
+    from argusdiff.service.executors import ExecutorFactory, build_cache, level_table
+    from argusdiff.service.redis_queue import RedisWorkQueue
+    from argusdiff.service.store import RedisControlStore
+    from argusdiff.service.worker import ServiceWorker
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log = logging.getLogger("argusdiff.worker")
+    settings = _settings(args)
+    cfg = settings.service
+    gpu = "cpu" if args.gpu is None else f"gpu{args.gpu}"
+    worker_id = args.worker_id or f"{socket.gethostname()}-{gpu}-{os.getpid()}"
+    queue = RedisWorkQueue(
+        args.redis,
+        namespace=cfg.namespace,
+        consumer=worker_id,
+        result_ttl_s=cfg.result_ttl_s,
+        claim_idle_s=max(60.0, 10 * cfg.worker_timeout_s),
+    )
+    profile_ref, fallback_ref = args.profile, None
+    if profile_ref is None:
+        deadline = time.monotonic() + args.wait_s
+        while True:
+            try:
+                deployment = queue.read_deployment()
+            except QueueUnavailable:
+                deployment = None
+            if deployment:
+                profile_ref, fallback_ref = deployment["profile"], deployment.get("fallback")
+                break
+            if time.monotonic() > deadline:
+                raise ConfigError(f"no router announced a deployment in redis at {args.redis}: pass --profile")
+            time.sleep(0.5)
+    profile = load_profile(profile_ref)
+    fallback = load_profile(fallback_ref) if fallback_ref else None
+    cache = None if args.stand_in else build_cache(settings, profile)
+    factory = ExecutorFactory(profile, settings, fallback=fallback, cache=cache, stand_in_scale=args.stand_in)
+    worker = ServiceWorker(
+        worker_id,
+        queue,
+        RedisControlStore(queue),
+        factory,
+        heartbeat_s=cfg.heartbeat_s,
+        ttl_s=cfg.worker_timeout_s,
+        poll_s=settings.workers.poll_s,
+        level_ids=tuple(level_table(profile, fallback)),
+    )
+
+    def _stop(signum, frame):  # finish the batch in hand, then leave
+        log.info("worker %s: stopping (signal %d)", worker_id, signum)
+        worker.stop(timeout=0)
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    mode = f"stand-in x{args.stand_in} (TEST MODE)" if args.stand_in else settings.workers.device
+    log.info("worker %s: profile %s, %s, redis %s", worker_id, profile.name, mode, args.redis)
+    worker.run()
+    return 0
