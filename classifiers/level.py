@@ -41,7 +41,7 @@ import numpy as np
 from classifiers._io import default_backbone, read_meta, write_dir_atomically, write_json
 from classifiers.errors import ClassifierInputError, ModelFormatError, ModelMismatchError
 
-__all__ = ["FORMAT_VERSION", "META_NAME", "BatchedClassifier", "ClassifierMeta", "LevelClassifier"]
+__all__ = ["FORMAT_VERSION", "META_NAME", "BatchedClassifier", "ClassifierMeta", "LevelClassifier", "load_for_profile"]
 
 META_NAME = "argusdiff_classifier.json"
 KIND = "level-classifier"
@@ -436,3 +436,21 @@ class BatchedClassifier:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def load_for_profile(profile: Any, config: Any, *, strategy: str | None = None, device: str = "cpu") -> LevelClassifier:
+    """The trained classifier ``config.models[strategy]`` (a ``ClassifierConfig``) for ``profile``'s
+    levels of that strategy (default: the profile's only strategy), checked against those levels."""
+    strategies = sorted({lv.strategy.value for lv in profile.levels})
+    if strategy is None:
+        if len(strategies) != 1:
+            raise ClassifierInputError(f"profile {profile.name!r} mixes strategies {strategies}: name one")
+        strategy = strategies[0]
+    path = dict(config.models).get(strategy)
+    if not path:
+        raise ModelFormatError(
+            f"[classifier] models has no entry for strategy {strategy!r} "
+            f"(set models = {{ {strategy} = '<trained classifier directory>' }})"
+        )
+    ids = [lv.id for lv in profile.levels if lv.strategy.value == strategy]
+    return LevelClassifier.load(path, level_ids=ids, profile=profile.name, device=device)

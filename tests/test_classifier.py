@@ -292,3 +292,19 @@ def test_cls_pooling_and_head_mode_fold_round_trip(tiny_bert, tmp_path):  # noqa
         np.testing.assert_allclose(again.predict_proba(prompts), clf.predict_proba(prompts), atol=1e-5)
     # the head-mode report is computed by the saved model's own forward pass (standardization folded)
     assert rep.history[rep.best_epoch - 1]["val_acc"] == pytest.approx(rep.accuracy, abs=1e-9)
+
+
+def test_load_for_profile_from_settings(tiny_bert, tmp_path):  # noqa: F811
+    from argusdiff.config import ClassifierConfig
+    from argusdiff.profile import load_profile
+    from classifiers.level import LevelClassifier, load_for_profile
+
+    profile = load_profile("sm-a100")
+    clf = LevelClassifier.new(profile.ids, backbone=str(tiny_bert), profile=profile.name, strategy="sm")
+    clf.save(tmp_path / "sm")
+    got = load_for_profile(profile, ClassifierConfig(models={"sm": str(tmp_path / "sm")}))
+    assert got.level_ids == profile.ids
+    with pytest.raises(ModelFormatError, match="strategy 'sm'"):
+        load_for_profile(profile, ClassifierConfig())
+    with pytest.raises(ModelMismatchError):
+        load_for_profile(load_profile("sdxl-ac-a100"), ClassifierConfig(models={"ac": str(tmp_path / "sm")}))
