@@ -54,47 +54,47 @@ def _machine() -> str:
     return f"{os.cpu_count()}-core {platform.machine()}{mem}, no GPU"
 
 
-def _median_time(fn, repeats: int, warmup: int) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def measure_latencies(profile, registry, batch_sizes, repeats, warmup, prompts):
+    """Median time per level and batch size. Levels are timed round-robin within each repeat, so a
+    burst of load on a shared machine hits every level alike and the ratios stay meaningful."""
     from workers.pipelines import generate, resume
 
-    out: dict[str, dict[int, float]] = {}
-    for level in profile.levels:
-        model = registry.load(level.model)
-        table: dict[int, float] = {}
-        for b in batch_sizes:
-            ps = [prompts[i % len(prompts)] for i in range(b)]
-            seeds = list(range(b))
+    out: dict[str, dict[int, float]] = {level.id: {} for level in profile.levels}
+    for b in batch_sizes:
+        ps = [prompts[i % len(prompts)] for i in range(b)]
+        seeds = list(range(b))
+        runs = {}
+        for level in profile.levels:
+            model = registry.load(level.model)
             if level.skip:
                 captured = generate(model, ps, seeds, steps=level.steps, capture=(level.skip,), decode_images=False)
                 lat = captured.captured[level.skip]
 
-                def run(ps=ps, seeds=seeds, lat=lat, level=level, model=model):
+                def run(lat=lat, level=level, model=model, ps=ps, seeds=seeds):
                     resume(model, ps, lat, level.skip, seeds, steps=level.steps)
 
             else:
 
-                def run(ps=ps, seeds=seeds, level=level, model=model):
+                def run(level=level, model=model, ps=ps, seeds=seeds):
                     generate(model, ps, seeds, steps=level.steps)
 
-            table[b] = _median_time(run, repeats, warmup)
-            print(f"  {level.id:<16} batch {b:>3}: {table[b] * 1000:9.1f} ms", flush=True)
+            runs[level.id] = run
+        times: dict[str, list[float]] = {lid: [] for lid in runs}
+        for r in range(warmup + repeats):
+            for lid, run in runs.items():
+                t0 = time.perf_counter()
+                run()
+                if r >= warmup:
+                    times[lid].append(time.perf_counter() - t0)
+        for lid in runs:
+            out[lid][b] = statistics.median(times[lid])
+            print(f"  {lid:<16} batch {b:>3}: {out[lid][b] * 1000:9.1f} ms", flush=True)
+    for table in out.values():
         # A larger batch never takes less time (profile validation); CPU noise can break that.
         prev = 0.0
         for b in sorted(table):
             table[b] = max(table[b], prev)
             prev = table[b]
-        out[level.id] = table
     return out
 
 
@@ -287,9 +287,14 @@ def main(argv=None) -> int:
         f"torch threads {args.torch_threads}\n{qnote}\nload time: first from_pretrained in a fresh registry"
     )
     write_profile(profile, latencies, loads, quality, Path(args.out_profile), header)
+    from argusdiff.errors import ProfileError
     from argusdiff.profile import load_profile
 
-    checked = load_profile(args.out_profile)  # the written file must validate
+    try:
+        checked = load_profile(args.out_profile)  # the written file must validate
+    except ProfileError as exc:
+        print(f"wrote {args.out_profile}, but it does not validate (noisy timing? rerun with more --repeats): {exc}")
+        return 1
     print(f"wrote {args.out_profile} ({len(checked.levels)} levels)", flush=True)
     for lv in checked.levels:
         ratio = lv.latency(1) / checked.levels[0].latency(1)
