@@ -35,6 +35,37 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 CHALLENGE_ORDER = None  # printed in order of mean predicted level
 
 
+def _feature_probe(table, cfg) -> dict:
+    """A reference: multinomial logistic regression on the synthetic generator's own text features
+    (what the table's tolerance is partly computed from), same split and labels."""
+    import torch
+
+    from classifiers.labelling import optimal_labels, routing_quality
+    from classifiers.train import split_by_prompt
+    from traces.synthetic import prompt_features
+
+    y = optimal_labels(table, cfg.ratio).index
+    tr, va = split_by_prompt(table.prompts, cfg.val_fraction, cfg.seed)
+    x = torch.tensor(prompt_features(table.prompts), dtype=torch.float32)
+    x = (x - x[tr].mean(0)) / (x[tr].std(0) + 1e-6)
+    yt = torch.as_tensor(y)
+    torch.manual_seed(cfg.seed)
+    lin = torch.nn.Linear(x.shape[1], len(table.level_ids))
+    opt = torch.optim.AdamW(lin.parameters(), lr=1e-2)
+    loss = torch.nn.CrossEntropyLoss()
+    best, pred = float("inf"), None
+    for _ in range(500):  # full batch; keep the epoch with the lowest validation loss
+        opt.zero_grad()
+        loss(lin(x[tr]), yt[tr]).backward()
+        opt.step()
+        with torch.no_grad():
+            v = float(loss(lin(x[va]), yt[va]))
+            if v < best:
+                best, pred = v, lin(x[va]).argmax(1).numpy()
+    r = routing_quality(table.scores[va], pred, y[va])
+    return {"accuracy": float(np.mean(pred == y[va])), **r}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shared", default=str(ROOT.parent / "shared"))
@@ -75,9 +106,15 @@ def main() -> int:
         cfg = TrainConfig(mode="head", epochs=args.epochs, patience=5, seed=args.seed, progress=False)
         clf, rep = train_level_classifier(table, config=cfg, profile=profile.name, strategy=strategy)
         classifiers[strategy] = (clf, profile, table)
+        ref = _feature_probe(table, cfg)
+        print(
+            f"reference: linear model on the generator's own 10 text features (traces.synthetic.prompt_features): "
+            f"accuracy {ref['accuracy']:.3f}, mean quality {ref['classifier']:.4f}"
+        )
         print(f"\n== {strategy.upper()} ({profile.name}), SYNTHETIC quality table, mode head ==")
         print(rep.format())
         results[strategy] = {k: v for k, v in rep.to_dict().items() if k != "history"}
+        results[strategy]["feature_probe"] = ref
         if args.full:
             sub = table.subset(np.arange(min(args.full_n, len(table))))
             fcfg = TrainConfig(mode="full", epochs=4, patience=2, seed=args.seed, progress=False, batch_size=32)
