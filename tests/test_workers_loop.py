@@ -132,6 +132,32 @@ def test_cascade_defers_to_the_heavy_queue(demo_registry):
     assert redone.ok and redone.level == "sd-heavy" and redone.worker_id == "heavy" and redone.unet_calls == 8
 
 
+def test_plan_threshold_reaches_the_cascade_light_worker(demo_registry):
+    profile = load_demo_profile("demo-cpu-cascade")
+    factory = executor_factory(profile, demo_registry, judge=lambda image: 0.5, threshold=0.9)
+    q = InProcessWorkQueue()
+    w = Worker("light", q, factory, level="sd-light", poll_s=0.01)
+    q.put("sd-light", WorkItem("a", "a cat", "sd-light", seed=1))
+    w.run_once()
+    assert q.qsize("sd-heavy") == 1  # 0.5 < 0.9: deferred
+    plan = Plan(
+        version=3,
+        created_s=0.0,
+        strategy=Strategy.CASCADE,
+        levels=("sd-heavy", "sd-light"),
+        assignment={"light": "sd-light"},
+        share=(0.0, 1.0),
+        pasm=((1, 0), (0, 1)),
+        predicted_qpm=1.0,
+        expected_quality=1.0,
+        thresholds={"sd-light": 0.25},
+    )
+    w.apply_plan(plan)
+    q.put("sd-light", WorkItem("b", "a dog", "sd-light", seed=2))
+    w.run_once()
+    assert q.wait_result("b", timeout=0).level == "sd-light"  # 0.5 >= 0.25: accepted
+
+
 def test_threaded_worker_stops_cleanly(demo_ac):
     _, factory = demo_ac
     q = InProcessWorkQueue()

@@ -74,6 +74,7 @@ class Worker:
         self._thread: threading.Thread | None = None
         self.plan_version: int | None = None
         self.last_error: str | None = None
+        self._thresholds: dict[str, float] = {}  # cascade light level -> planned threshold
 
     # -- control path ------------------------------------------------------------------------
     @property
@@ -95,9 +96,13 @@ class Worker:
                 self._target_batch = batch_size
 
     def apply_plan(self, plan: Any) -> None:
-        """Follow a :class:`argusdiff.domain.Plan`: this worker's level and that level's batch size."""
+        """Follow a :class:`argusdiff.domain.Plan`: this worker's level, that level's batch size and,
+        for a cascade light level, its discriminator threshold."""
         level = plan.assignment.get(self.worker_id)
         batch = plan.batch_sizes.get(level) if level is not None else None
+        thresholds = getattr(plan, "thresholds", None) or {}
+        with self._lock:
+            self._thresholds = dict(thresholds)
         self.plan_version = plan.version
         self.set_level(level, batch)
 
@@ -144,6 +149,13 @@ class Worker:
                 self.stats.switch_s.append(time.perf_counter() - t0)
             self._level = target
             self.stats.switches += 1
+        if self._level is not None:
+            with self._lock:
+                t = self._thresholds.get(self._level)
+            executor = self._executors.get(self._level)
+            set_threshold = getattr(executor, "set_threshold", None)
+            if t is not None and set_threshold is not None and getattr(executor, "threshold", None) != t:
+                set_threshold(t)
         return self._level is not None
 
     # -- data path ---------------------------------------------------------------------------
