@@ -303,21 +303,26 @@ def _assign(ids: Sequence[str], data: LevelData, level_ids: Sequence[str], count
         else:
             free.append(w)
     # same model first
+    by_model: dict[str, list[str]] = {}
+    for w in free:
+        cv = current_idx.get(w)
+        if cv is not None:
+            by_model.setdefault(data.model[cv], []).append(w)
+    taken: set[str] = set()
     for v in range(L):
-        if need[v] <= 0:
-            continue
-        for w in list(free):
-            if need[v] <= 0:
-                break
-            cv = current_idx.get(w)
-            if cv is not None and data.model[cv] == data.model[v]:
-                out[w] = level_ids[v]
-                free.remove(w)
-                need[v] -= 1
-    for v in range(L):
-        while need[v] > 0 and free:
-            out[free.pop(0)] = level_ids[v]
+        pool = by_model.get(data.model[v], [])
+        while need[v] > 0 and pool:
+            w = pool.pop()
+            out[w] = level_ids[v]
+            taken.add(w)
             need[v] -= 1
+    rest = [w for w in free if w not in taken]
+    rest.reverse()
+    for v in range(L):
+        while need[v] > 0 and rest:
+            out[rest.pop()] = level_ids[v]
+            need[v] -= 1
+    free = rest
     for w in free:  # only when counts sum to fewer than the workers (never for allocate's plans)
         out[w] = None
     return {w: out[w] for w in ids}
@@ -354,10 +359,11 @@ def allocate(
         unknown = sorted({lv for lv in current.values() if lv is not None and lv not in index})
         if unknown:
             raise ConfigError(f"current: unknown level id(s) {', '.join(unknown)}; levels: {', '.join(level_ids)}")
-        gone = [w for w in current if w not in set(ids)]
+        up = set(ids)
+        gone = [w for w in current if w not in up]
         if gone:
             notes.append(f"{len(gone)} worker(s) of the current plan are gone; re-planned on {W}")
-        current_idx = {w: (index[lv] if lv is not None else None) for w, lv in current.items() if w in set(ids)}
+        current_idx = {w: (index[lv] if lv is not None else None) for w, lv in current.items() if w in up}
     cur_counts = [0] * L
     for v in current_idx.values():
         if v is not None:
@@ -389,7 +395,8 @@ def allocate(
     counts: list[int] | None = None
     used_backend = "exact"
     if formulation == "exact" or D <= EPS:
-        counts, used_backend = _solve_exact(data, W, D, cur_counts, current_idx, switch_tolerance, notes)
+        counts, used_backend = _solve_exact(data, W, D, cur_counts, current_idx, switch_tolerance, notes,
+                                            backend, time_limit_s)
     elif formulation == "aggregated":
         got, res = _milp_aggregated(data, W, D, backend, time_limit_s)
         if got is not None and current_idx and switch_tolerance >= 0:
@@ -402,7 +409,8 @@ def allocate(
             notes.append(f"{res.backend} returned {res.status} ({res.message}); answered by the exact solver")
             counts, used_backend = _solve_exact(data, W, D, cur_counts, current_idx, switch_tolerance, notes)
         else:
-            counts, used_backend = _fill(data, got, W), res.backend
+            filled = _fill_switch(data, got, W, cur_counts) if current_idx else _fill(data, got, W)
+            counts, used_backend = filled, res.backend
             if res.status == "time_limit":
                 notes.append(f"{res.backend} hit the {time_limit_s:g} s time limit; best plan found")
     else:  # paper
@@ -438,7 +446,7 @@ def _fill(data: LevelData, counts: Sequence[int], W: int) -> list[int]:
 
 
 def _solve_exact(data: LevelData, W: int, D: float, cur_counts: Sequence[int], current_idx, tol: float,
-                 notes: list[str]) -> tuple[list[int], str]:
+                 notes: list[str], backend: str = "auto", time_limit_s: float = 5.0) -> tuple[list[int], str]:
     solver = ExactSolver(data, W, D)
     try:
         got = solver.solve()
@@ -451,13 +459,33 @@ def _solve_exact(data: LevelData, W: int, D: float, cur_counts: Sequence[int], c
     assert got is not None, "feasibility was checked before"
     counts, value = got
     if current_idx:
+        # switch-cost pass: the aggregated MILP, minimum switch cost s.t. value >= threshold
         thr = value - tol * abs(value)
-        sw_counts, sw_value, _, _, complete = solver.solve_switch(cur_counts, thr)
-        if sw_counts and sw_value >= thr - EPS * max(1.0, abs(thr)):
-            counts = sw_counts
-        if not complete:
-            notes.append("switch-cost search stopped at its node limit; best plan found so far")
+        sw, res = _milp_aggregated(data, W, D, backend, time_limit_s, cur=cur_counts, threshold=thr)
+        if sw is not None:
+            sw = _fill_switch(data, sw, W, cur_counts)
+            _, sw_value = greedy_loads(data, sw, D)
+            if sw_value >= thr - 1e-7 * max(1.0, abs(thr)) and (
+                    switch_cost(data, sw, cur_counts) <= switch_cost(data, counts, cur_counts)):
+                return sw, f"exact+{res.backend}"
+        else:
+            notes.append(f"switch-cost pass: {res.backend} returned {res.status}; kept the optimal plan")
     return counts, "exact"
+
+
+def _fill_switch(data: LevelData, counts: Sequence[int], W: int, cur_counts: Sequence[int]) -> list[int]:
+    """Unassigned workers of a switch-cost solution stay where they are when there is room."""
+    out = list(counts)
+    spare = W - sum(out)
+    for v in range(len(out)):
+        if spare <= 0:
+            break
+        keep = min(spare, max(0, cur_counts[v] - out[v]))
+        out[v] += keep
+        spare -= keep
+    if spare > 0:
+        return _fill(data, out, W)
+    return out
 
 
 def _result(levels, ids, data: LevelData, counts, current_idx, demand_qpm, served_demand, saturated, shortfall,

@@ -16,9 +16,12 @@ has a structure a general MILP solver does not know about:
   counts outward from the relaxed optimum until the bound falls below the incumbent.
 
 The search is exact (it proves optimality by the bound), needs no model build and runs in
-microseconds to a few milliseconds for 12 levels and 10,000 workers. A second pass applies switch
-costs: among count vectors within a quality tolerance of the optimum, the one with the lowest
-switch cost (see :func:`switch_cost`), visiting counts nearest the current ones first.
+about a millisecond to ~15 ms for 12 levels and up to 10,000 workers (scripts/bench_solver.py).
+
+Switch costs (:func:`switch_cost`) are applied by :mod:`solver.allocate` with a second, small
+aggregated MILP (a few dozen columns whatever the cluster size): a branch and bound over counts
+near the current ones has to walk ranges of counts that grow with the cluster, which was
+measured at seconds for 256+ workers, while the MILP stays at milliseconds.
 """
 
 from __future__ import annotations
@@ -212,123 +215,3 @@ class ExactSolver:
                 self._dfs(k + 1, w_rem - n, d_rem - n * P, value + q * n * P)
                 self._counts[v] = 0
                 n += direction
-
-    # -- switch-cost pass ------------------------------------------------------------------------
-    def solve_switch(self, current: Sequence[int], threshold: float,
-                     node_limit: int = 200_000) -> tuple[list[int], float, float, int, bool]:
-        """Lowest switch cost count vector with value >= threshold.
-
-        Returns (counts, value, cost, moved, complete) where ``complete`` is False when the node
-        limit stopped the search (the answer is then the best found, never worse than the optimum
-        passed in by the caller).
-        """
-        self.cur = list(current)
-        self.threshold = threshold
-        self.sw_best: tuple[float, int, float] | None = None  # (cost, moved, -value)
-        self.sw_counts: list[int] | None = None
-        self._counts = [0] * len(self.data)
-        self.sw_nodes = 0
-        self.sw_limit = node_limit
-        # model groups: for the cost lower bound of a prefix
-        self._model_cur: dict[str, int] = {}
-        for v in range(len(self.data)):
-            m = self.data.model[v]
-            self._model_cur[m] = self._model_cur.get(m, 0) + self.cur[v]
-        complete = True
-        try:
-            self._sw(0, self.W, self.D, 0.0)
-        except NodeLimit:
-            complete = False
-        if self.sw_counts is None:
-            return [], -math.inf, math.inf, 0, complete
-        cost, moved, negv = self.sw_best  # type: ignore[misc]
-        return list(self.sw_counts), -negv, cost, moved, complete
-
-    def _prefix_cost_lb(self, k: int) -> float:
-        data = self.data
-        moved = 0
-        gain: dict[str, int] = {}
-        lt: dict[str, float] = {}
-        for j in range(k + 1):
-            v = self.order[j]
-            moved += max(0, self._counts[v] - self.cur[v])
-            m = data.model[v]
-            gain[m] = gain.get(m, 0) + self._counts[v]
-            lt[m] = max(lt.get(m, 0.0), data.load_time[v])
-        return moved + sum(lt[m] * max(0, g - self._model_cur[m]) for m, g in gain.items())
-
-    def _sw_leaf(self, value: float) -> None:
-        cost, moved = switch_cost(self.data, self._counts, self.cur)
-        key = (cost, moved, -value)
-        if self.sw_best is None or key < self.sw_best:
-            self.sw_best = key
-            self.sw_counts = list(self._counts)
-
-    def _sw_pruned(self, k: int) -> bool:
-        return self.sw_best is not None and self._prefix_cost_lb(k) > self.sw_best[0] + EPS
-
-    def _sw(self, k: int, w_rem: int, d_rem: float, value: float) -> None:
-        self.sw_nodes += 1
-        if self.sw_nodes > self.sw_limit:
-            raise NodeLimit
-        data, order = self.data, self.order
-        v = order[k]
-        P, q = data.peak[v], data.quality[v]
-        last = k == len(order) - 1
-        need = 0 if d_rem <= EPS else math.ceil(d_rem / P - EPS)
-        thr = self.threshold - EPS * max(1.0, abs(self.threshold))
-        if need <= w_rem and value + q * max(d_rem, 0.0) >= thr:
-            # demand covered here: the rest of the workers carry no load; keep them where they are
-            after = order[k + 1:]
-            cur_after = sum(self.cur[u] for u in after)
-            cands = {need, w_rem, min(max(need, self.cur[v]), w_rem), min(max(need, w_rem - cur_after), w_rem)}
-            for n in sorted(cands):
-                self._counts[v] = n
-                left = w_rem - n
-                for u in after:
-                    take = min(left, self.cur[u])
-                    self._counts[u] = take
-                    left -= take
-                self._counts[v] += left
-                self._sw_leaf(value + q * max(d_rem, 0.0))
-                for u in after:
-                    self._counts[u] = 0
-                self._counts[v] = 0
-        if last:
-            return
-        hull = self.hulls[k + 1]
-        hi = min(need - 1, w_rem)
-        if hi < 0:
-            return
-
-        def bound(n: int) -> float:
-            return value + q * n * P + hull.value(w_rem - n, d_rem - n * P)
-
-        # the range of n whose bound reaches the threshold (concave: an interval around the peak)
-        frac = self.hulls[k].workers_at(v, w_rem, d_rem)
-        peak = min(max(round(frac), 0), hi)
-        if bound(peak) < thr:
-            # the peak may be off by one from rounding; try the neighbours
-            alt = [n for n in (peak - 1, peak + 1) if 0 <= n <= hi and bound(n) >= thr]
-            if not alt:
-                return
-            peak = alt[0]
-        lo_n = peak
-        while lo_n - 1 >= 0 and bound(lo_n - 1) >= thr:
-            lo_n -= 1
-        hi_n = peak
-        while hi_n + 1 <= hi and bound(hi_n + 1) >= thr:
-            hi_n += 1
-        c = min(max(self.cur[v], lo_n), hi_n)
-        # visit counts nearest the current one first
-        seq = [c]
-        for d in range(1, max(c - lo_n, hi_n - c) + 1):
-            if c - d >= lo_n:
-                seq.append(c - d)
-            if c + d <= hi_n:
-                seq.append(c + d)
-        for n in seq:
-            self._counts[v] = n
-            if not self._sw_pruned(k):
-                self._sw(k + 1, w_rem - n, d_rem - n * P, value + q * n * P)
-            self._counts[v] = 0

@@ -53,7 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     parser.add_argument("--switch-tolerance", type=_non_negative_float, default=None,
                         help="relative quality a plan may give up to move fewer workers (with --current)")
     parser.add_argument("--current", help="current level per worker, comma-separated level ids ('-' for idle)")
-    parser.add_argument("--slo-s", type=_non_negative_float, default=None, help="cascade latency SLO (default: profile)")
+    parser.add_argument("--slo-s", type=_non_negative_float, default=None,
+                        help="cascade latency SLO (default: profile)")
     parser.add_argument("--queue-light", type=_non_negative_int, default=0, help="cascade: queued light requests")
     parser.add_argument("--queue-heavy", type=_non_negative_int, default=0, help="cascade: queued heavy requests")
     parser.add_argument("--config", help="settings TOML file")
@@ -192,7 +193,8 @@ def _run_cascade(args, profile, settings, backend) -> int:
     print(f"threshold t = {plan.threshold:g}; deferred f(t) = {plan.deferral:.3f}; latency bound use "
           f"{plan.latency_s:.2f} s of {slo:g} s")
     if plan.saturated:
-        print(f"SATURATED: short by {plan.shortfall_qpm:.1f} QPM" + ("" if plan.feasible else "; latency bound not met"))
+        tail = "" if plan.feasible else "; latency bound not met"
+        print(f"SATURATED: short by {plan.shortfall_qpm:.1f} QPM{tail}")
     for note in plan.notes:
         print(f"note: {note}")
     return 0

@@ -1,0 +1,129 @@
+#!/usr/bin/env python
+"""Median solve times of the allocation formulations and ODA/PASM (issue 2, Performance).
+
+For 8, 64, 256, 1024 and 10,000 workers x 6 and 12 levels it prints the median wall time of:
+
+* ``exact``        branch and bound on the aggregated counts (the control loop's fast path)
+* ``exact+sw``     the same with a current assignment (switch-cost pass included)
+* ``agg/highs``    aggregated MILP on HiGHS (highspy), model build included
+* ``agg/gurobi``   aggregated MILP on gurobipy (bundled size-limited licence)
+* ``paper/highs``  ARGUS Eq. 1 as written (binary x per worker and level) on HiGHS
+* ``paper/gurobi`` the same on gurobipy where it fits the licence (<= 2000 variables/constraints)
+* ``oda``          ODA -> PASM
+* ``exact+oda``    allocation + PASM, the number the targets are about
+
+Levels: 6 = the shipped ``sdxl-ac-a100`` profile; 12 = the same SD-XL latency model with
+K in {0, 4, ..., 44} (0.2 s + (50 - K) * 0.08 s) and a smooth quality curve. Demand: 75% of the
+way from the all-best to the all-fastest capacity, so plans mix levels. Every formulation's
+quality is checked against ``exact`` (the script fails if any differs).
+
+Usage: python scripts/bench_solver.py [--repeats 7] [--paper-max-vars 30000] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import platform
+import statistics
+import sys
+import time
+from datetime import UTC, datetime
+
+from argusdiff.domain import ApproxLevel, Strategy
+from argusdiff.profile import load_profile
+from solver import backends
+from solver.allocate import allocate
+from solver.oda import oda
+
+
+def levels_12() -> tuple[ApproxLevel, ...]:
+    out = []
+    for i, k in enumerate(range(0, 48, 4)):
+        q = 1.0 - 0.1 * (k / 44) ** 1.5
+        out.append(ApproxLevel(f"k{k}", Strategy.AC, "sdxl", 50, k, {1: round(0.2 + (50 - k) * 0.08, 4)},
+                               round(q, 4), 9.42))
+        del i
+    return tuple(out)
+
+
+def median_time(fn, repeats: int) -> tuple[float, object]:
+    times = []
+    result = None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), result
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--paper-max-vars", type=int, default=30000,
+                    help="skip the paper formulation above this many columns (2*L*W + W)")
+    ap.add_argument("--quick", action="store_true", help="8 and 64 workers only")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.ERROR)
+    backends.preload()
+    have_gurobi = backends.gurobi_available()
+    sets = {6: load_profile("sdxl-ac-a100").levels, 12: levels_12()}
+    sizes = (8, 64) if args.quick else (8, 64, 256, 1024, 10000)
+    print(f"# bench_solver  {datetime.now(UTC):%Y-%m-%d %H:%M} UTC  {platform.machine()}  python "
+          f"{platform.python_version()}  gurobipy={'yes' if have_gurobi else 'no'}  repeats={args.repeats}")
+    cols = ["exact", "exact+sw", "agg/highs", "agg/gurobi", "paper/highs", "paper/gurobi", "oda", "exact+oda"]
+    print(f"{'L':>3} {'W':>6} " + " ".join(f"{c:>12}" for c in cols) + "   (median ms)")
+    failures = 0
+    for L, levels in sets.items():
+        for W in sizes:
+            p_best, p_fast = levels[0].peak_qpm, levels[-1].peak_qpm
+            demand = W * (p_best + 0.75 * (p_fast - p_best))
+            row: dict[str, str] = {}
+            t, ref = median_time(lambda: allocate(levels, W, demand, formulation="exact"), args.repeats)
+            row["exact"] = f"{t * 1000:.2f}"
+            # the control loop's case: the previous period's plan at 95% of this demand
+            prev = allocate(levels, W, demand * 0.95, formulation="exact").assignment
+            t, _ = median_time(lambda: allocate(levels, W, demand, formulation="exact", current=prev), args.repeats)
+            row["exact+sw"] = f"{t * 1000:.2f}"
+            t_oda, _ = median_time(lambda: oda([1.0 / L] * L, ref.share), args.repeats)
+            row["oda"] = f"{t_oda * 1000:.3f}"
+
+            def pasm_and_alloc():
+                a = allocate(levels, W, demand, formulation="exact")
+                return oda([1.0 / L] * L, a.share)
+
+            t, _ = median_time(pasm_and_alloc, args.repeats)
+            row["exact+oda"] = f"{t * 1000:.2f}"
+            for form in ("aggregated", "paper"):
+                short = "agg" if form == "aggregated" else "paper"
+                for be in ("highs", "gurobi"):
+                    key = f"{short}/{be}"
+                    n_cols = 2 * L * W + W if form == "paper" else 2 * L
+                    if be == "gurobi" and not have_gurobi:
+                        row[key] = "n/a"
+                        continue
+                    if be == "gurobi" and n_cols > 2000:
+                        row[key] = "licence"
+                        continue
+                    if form == "paper" and n_cols > args.paper_max_vars:
+                        row[key] = "skipped"
+                        continue
+                    reps = args.repeats if (form == "aggregated" or W <= 64) else 3
+                    t, res = median_time(
+                        lambda f=form, b=be: allocate(levels, W, demand, formulation=f, backend=b, time_limit_s=60),
+                        reps)
+                    if abs(res.expected_quality - ref.expected_quality) > 1e-6:
+                        row[key] = f"{t * 1000:.1f}!"
+                        failures += 1
+                        print(f"# MISMATCH {key} L={L} W={W}: {res.expected_quality} vs {ref.expected_quality} "
+                              f"{res.notes}", file=sys.stderr)
+                    else:
+                        row[key] = f"{t * 1000:.1f}"
+            print(f"{L:>3} {W:>6} " + " ".join(f"{row[c]:>12}" for c in cols), flush=True)
+    print("# licence: model exceeds the size-limited gurobipy licence (2000 variables/constraints); such a "
+          "solve falls back to HiGHS.  skipped: paper formulation above --paper-max-vars columns.")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
