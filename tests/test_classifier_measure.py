@@ -9,6 +9,8 @@ from fixtures_classifiers import tiny_bert, tiny_clip_config  # noqa: F401 - fix
 
 from classifiers.errors import TrainingDataError
 
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # builds and runs the tiny demo pipelines
+
 PROMPTS = ["a red fox in the snow", "two cats on a sofa", "a city at night", "portrait of a woman", "a lake"]
 
 

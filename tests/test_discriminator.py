@@ -153,6 +153,8 @@ def test_cli_train_discriminator(tmp_path, capsys):
     assert main(["train-discriminator", "--real", str(tmp_path / "nope"), "--generated", "x", "--out", "y"]) == 2
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 def test_cli_generated_side_from_prompts(tmp_path, capsys, demo_models_dir, monkeypatch):
     import json
 
