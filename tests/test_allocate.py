@@ -21,8 +21,14 @@ def make_levels(specs, model=None):
     """specs: [(latency_s, quality, load_time_s)] slowest first."""
     return tuple(
         ApproxLevel(
-            id=f"v{i}", strategy=Strategy.SM, model=model or f"m{i}", steps=50, skip=0,
-            latency_s={1: lat}, quality=q, load_time_s=lt,
+            id=f"v{i}",
+            strategy=Strategy.SM,
+            model=model or f"m{i}",
+            steps=50,
+            skip=0,
+            latency_s={1: lat},
+            quality=q,
+            load_time_s=lt,
         )
         for i, (lat, q, lt) in enumerate(specs)
     )
@@ -142,10 +148,8 @@ def test_margin_adds_capacity(sdxl):
 @pytest.mark.parametrize("formulation", ["exact", "aggregated", "paper"])
 def test_switch_cost_keeps_a_near_optimal_current_plan(sdxl, formulation):
     cur = allocate(sdxl.levels, 8, 150).assignment
-    strict = allocate(sdxl.levels, 8, 160, current=cur, formulation=formulation, switch_tolerance=0.0,
-                      backend="highs")
-    lax = allocate(sdxl.levels, 8, 160, current=cur, formulation=formulation, switch_tolerance=0.005,
-                   backend="highs")
+    strict = allocate(sdxl.levels, 8, 160, current=cur, formulation=formulation, switch_tolerance=0.0, backend="highs")
+    lax = allocate(sdxl.levels, 8, 160, current=cur, formulation=formulation, switch_tolerance=0.005, backend="highs")
     assert strict.moved_workers > lax.moved_workers
     assert lax.expected_quality >= strict.expected_quality * (1 - 0.005) - 1e-9
     assert lax.capacity_qpm >= 160 - 1e-9
@@ -237,3 +241,16 @@ def test_importing_solver_does_not_import_heavy_packages():
         "assert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_large_cluster_with_current_keeps_workers(sdxl):
+    ids = [f"g{i}" for i in range(10000)]
+    before = allocate(sdxl.levels, ids, 200000, formulation="exact")
+    after = allocate(sdxl.levels, ids, 205000, current=before.assignment, formulation="exact")
+    assert sum(after.counts) == 10000
+    assert after.capacity_qpm >= 205000 - 1e-6
+    moved = sum(1 for w in ids if after.assignment[w] != before.assignment[w])
+    assert moved == after.moved_workers
+    # no more moves than the count changes force
+    forced = sum(max(0, a - b) for a, b in zip(after.counts, before.counts, strict=True))
+    assert after.moved_workers == forced
