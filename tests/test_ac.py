@@ -147,3 +147,29 @@ def test_ac_executor_without_cache_runs_full(demo_registry):
     res = ex.run([WorkItem("r", "a dog", "xl-k4")])[0]
     assert res.ok and res.k_used == 0 and res.unet_calls == 8 and res.seed is not None
     assert res.image_png.startswith(b"\x89PNG")
+
+
+def test_concurrent_runs_on_one_loaded_model_do_not_interfere(demo_registry):
+    """Workers sharing a registry in one process share pipelines; runs are serialised per model."""
+    import threading
+
+    import torch
+
+    from workers.pipelines import generate, resume
+
+    model = demo_registry.load("demo-tiny-sdxl")
+    full = generate(model, ["a red cube"], [5], capture=(4,), decode_images=False)
+    out: dict[str, torch.Tensor] = {}
+
+    def run_full():
+        out["full"] = generate(model, ["a red cube"], [5], decode_images=False).latents
+
+    def run_resume():
+        out["resume"] = resume(model, ["a red cube"], full.captured[4], 4, [5], decode_images=False).latents
+
+    threads = [threading.Thread(target=f) for f in (run_full, run_resume, run_full)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert torch.equal(out["full"], full.latents) and torch.equal(out["resume"], full.latents)

@@ -68,6 +68,9 @@ def test_results_are_delivered_once_across_threads():
 def test_importing_workers_records_does_not_import_torch():
     import subprocess
 
-    code = "import workers.executor, workers.queue, workers.registry, sys; print('torch' in sys.modules)"
+    code = (
+        "import workers.executor, workers.queue, workers.registry, workers.loop, workers.demo, workers.errors, "
+        "argusdiff.commands.generate, sys; print('torch' in sys.modules or 'diffusers' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -116,7 +116,7 @@ def decode(model: LoadedModel, latents: torch.Tensor) -> list[Any]:
     """Latents → PIL images with the model's VAE (fp16 SD-XL VAEs are upcast as the pipeline does)."""
     pipe = model.pipe
     vae = pipe.vae
-    with torch.inference_mode():
+    with model.lock, torch.inference_mode():
         upcast = vae.dtype == torch.float16 and bool(getattr(vae.config, "force_upcast", False))
         if upcast:
             vae.to(dtype=torch.float32)
@@ -160,7 +160,7 @@ def generate(
         return kwargs
 
     pipe = model.pipe
-    with UnetCounter(pipe) as counter, torch.inference_mode():
+    with model.lock, UnetCounter(pipe) as counter, torch.inference_mode():
         t0 = time.perf_counter()
         out = pipe(
             list(prompts),
@@ -269,7 +269,7 @@ def resume(
         raise LatentMismatch(f"{lat.shape[0]} latents for {len(prompts)} prompts")
     g = spec.guidance if guidance is None else guidance
     gens = _generators(model, seeds)
-    with UnetCounter(model.pipe) as counter, torch.inference_mode():
+    with model.lock, UnetCounter(model.pipe) as counter, torch.inference_mode():
         t0 = time.perf_counter()
         if spec.family == "sdxl":
             img2img = _sdxl_img2img(model)
@@ -337,7 +337,7 @@ def refine_from_latent(
         pipe = cls(**comps)
         pipe.set_progress_bar_config(disable=True)
         model.extras[key] = pipe
-    with UnetCounter(model.pipe) as counter, torch.inference_mode():
+    with model.lock, UnetCounter(model.pipe) as counter, torch.inference_mode():
         t0 = time.perf_counter()
         out = pipe(
             list(prompts),

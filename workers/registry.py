@@ -237,6 +237,9 @@ class LoadedModel:
     dtype: str
     load_s: float
     extras: dict[str, Any] = field(default_factory=dict)  # derived pipelines sharing the components
+    # A pipeline's scheduler keeps per-run state: runs on one loaded model are serialised, so
+    # workers sharing a registry in one process never interleave on it.
+    lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
 
 
 class ModelRegistry:
