@@ -192,7 +192,9 @@ class ServiceConfig(_Section):
     max_body_bytes: int = Field(65536, ge=1024, description="largest accepted request body")
     max_prompt_chars: int = Field(4000, ge=1, description="longest accepted prompt (characters)")
     max_n: int = Field(4, ge=1, le=64, description="largest `n` (images per request)")
-    sizes: tuple[str, ...] = Field(("512x512",), min_length=1, description="image sizes the deployment serves (WxH)")
+    sizes: tuple[str, ...] = Field(
+        (), description="image sizes (WxH) clients may ask for; empty: the native sizes of the profile's models"
+    )
     model_name: str = Field("argusdiff", min_length=1, description="model name clients send; the profile name works too")
     control_period_s: float = Field(10.0, gt=0, description="control loop period: plan(), heartbeat check, publish")
     heartbeat_s: float = Field(1.0, gt=0, description="worker heartbeat interval")

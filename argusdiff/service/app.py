@@ -13,6 +13,7 @@ service.start()`` starts the dispatch, the control loop and any embedded workers
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,21 @@ def profile_ref(profile: Profile) -> str:
     if profile.source and Path(profile.source).resolve().parent == PROFILE_DIR.resolve():
         return profile.name
     return profile.source or profile.name
+
+
+def served_sizes(settings: Settings, profile: Profile) -> tuple[str, ...]:
+    """``[service] sizes``, else the native WxH of the profile's models in the model registry."""
+    if settings.service.sizes:
+        return tuple(settings.service.sizes)
+    from workers.registry import ModelRegistry
+
+    registry = ModelRegistry.from_config(settings.workers)
+    sizes = []
+    for lv in profile.levels:
+        if lv.model in registry:
+            spec = registry.spec(lv.model)
+            sizes.append(f"{spec.width}x{spec.height}")
+    return tuple(dict.fromkeys(sizes)) or ("512x512",)
 
 
 def policy_options(settings: Settings, profile: Profile, fallback: Profile | None) -> PolicyOptions:
@@ -119,6 +135,7 @@ class Service:
             classifier=classifier,
             fallback=self.fallback,
             cache_health=self.cache_health,
+            sizes=served_sizes(settings, self.profile),
         )
         real_workers = cfg.workers > 0 and cfg.stand_in_scale is None and executor_factory is None
         if cache is None and real_workers:
@@ -155,13 +172,19 @@ class Service:
         self.started = False
 
     def _probe_latent_cache(self) -> None:
-        """One lookup of a random unit vector: exercises the index and the store's reachability."""
+        """A background probe (ARGUS §4.6): an index lookup of a random unit vector, then a fetch of
+        a blob that does not exist from the store (a healthy store answers "missing"). Raises when
+        either part fails; the control loop times it."""
+        from cache.store import BlobMissing, blob_key
+
         dim = self.settings.cache.embedding_dim
         vec = np.random.default_rng().standard_normal(dim).astype(np.float32)
         vec /= np.linalg.norm(vec)
         ac = [lv for lv in self.profile.levels if lv.strategy is Strategy.AC and lv.skip > 0]
         k = ac[0].skip if ac else 1
         self.cache.lookup(vec, k, model=self.profile.best.model)
+        with contextlib.suppress(BlobMissing):
+            self.cache.blobs.get(blob_key("0" * 32, 0))
 
     async def start(self) -> None:
         await self.dispatch.start()

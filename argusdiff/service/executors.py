@@ -98,4 +98,11 @@ class ExecutorFactory:
                     level, self.registry, judge=judge, heavy=self.levels[cascade.heavy], cascade=cascade
                 )
             log.warning("no [classifier] discriminator configured: cascade level %s runs without deferral", level.id)
-        return build_executor(level, self.registry, self.cache if level.strategy is Strategy.AC else None)
+        if level.strategy is Strategy.AC and self.cache is not None:
+            from workers.ac import ApproxCacheExecutor
+
+            # every AC level (K = 0 included) stores the latents of each K the profile's levels skip,
+            # so full runs fill the cache the faster levels resume from (NIRVANA)
+            skips = sorted({lv.skip for lv in self.levels.values() if lv.strategy is Strategy.AC and lv.skip > 0})
+            return ApproxCacheExecutor(level, self.registry, cache=self.cache, capture_ks=skips)
+        return build_executor(level, self.registry)

@@ -78,6 +78,7 @@ class Router:
         classifier: Any = None,
         fallback: Profile | None = None,
         cache_health: CacheHealth | None = None,
+        sizes: tuple[str, ...] | None = None,
         clock=time.time,
     ) -> None:
         self.profile = profile
@@ -110,7 +111,7 @@ class Router:
         self.limits = Limits(
             models=tuple(dict.fromkeys((config.model_name, profile.name))),
             levels=profile.ids,
-            sizes=tuple(config.sizes),
+            sizes=tuple(sizes or config.sizes or ("512x512",)),
             max_n=config.max_n,
             max_prompt_chars=config.max_prompt_chars,
             max_slo_s=config.max_slo_s,
