@@ -37,8 +37,9 @@ TIMING_KEYS = ("queue_wait_s", "cache_lookup_s", "latent_fetch_s", "denoise_s", 
 class WorkItem:
     """One request queued for one level.
 
-    ``cache_ref`` optionally names the cache entry (the cache's prompt id) the router already
-    matched; without it an AC worker looks the prompt up itself. ``receipt`` is the transport's
+    ``cache_ref`` optionally carries the cache entry (the cache's prompt id) the router matched,
+    for tracing; an AC worker always does its own lookup at its level's K (the entry may have been
+    evicted or repaired since). ``receipt`` is the transport's
     delivery handle (e.g. a Redis stream entry id), set by ``WorkQueue.get`` and never serialised.
     """
 
