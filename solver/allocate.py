@@ -458,7 +458,7 @@ def _solve_exact(data: LevelData, W: int, D: float, cur_counts: Sequence[int], c
         return _fill(data, counts, W), res.backend
     assert got is not None, "feasibility was checked before"
     counts, value = got
-    if current_idx:
+    if current_idx and switch_cost(data, counts, cur_counts)[0] > 0:
         # switch-cost pass: the aggregated MILP, minimum switch cost s.t. value >= threshold
         thr = value - tol * abs(value)
         sw, res = _milp_aggregated(data, W, D, backend, time_limit_s, cur=cur_counts, threshold=thr)

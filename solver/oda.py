@@ -163,6 +163,10 @@ def solve_eq2(affinity: Sequence[float], share: Sequence[float], D: np.ndarray, 
     from solver.backends import solve_milp
 
     H, F = _inputs(affinity, share)
+    # masses below 1e-12 are numerical noise for an LP solver's tolerances: drop them
+    H = np.where(H < 1e-12, 0.0, H)
+    F = np.where(F < 1e-12, 0.0, F)
+    H, F = H / H.sum(), F / F.sum()
     L = len(H)
     n = L * L
     c = np.zeros(n)
@@ -174,8 +178,9 @@ def solve_eq2(affinity: Sequence[float], share: Sequence[float], D: np.ndarray, 
         A[i, i * L:(i + 1) * L] = 1.0  # sum_j X[i, j] = H[i]
         A[L + i, i::L] = 1.0  # sum_i X[i, j] = F[j]
     b = np.concatenate([H, F])
-    res = solve_milp(c, A, b, b, np.zeros(n), np.full(n, np.inf), np.zeros(n, dtype=bool), sense="min",
-                     backend=backend)
+    slack = np.concatenate([np.zeros(L), np.full(L, 1e-9)])  # column sums within 1e-9 of F
+    res = solve_milp(c, A, b - slack, b + slack, np.zeros(n), np.full(n, np.inf), np.zeros(n, dtype=bool),
+                     sense="min", backend=backend)
     if not res.ok:  # pragma: no cover - a balanced transport problem is always feasible
         raise RuntimeError(f"Eq. 2 LP failed: {res.status} {res.message}")
     X = np.clip(res.x.reshape(L, L), 0.0, None)

@@ -91,8 +91,13 @@ def test_counts_are_normalised_and_empty_affinity_is_identity():
 
 @pytest.mark.parametrize(
     ("h", "f", "match"),
-    [([0.5, 0.5], [1.0], "affinity has 2"), ([-1, 2], [1, 1], "affinity"), ([1, 1], [0, 0], "share"),
-     ([], [], "affinity"), ([1, float("nan")], [1, 1], "affinity")],
+    [
+        ([0.5, 0.5], [1.0], "affinity has 2"),
+        ([-1, 2], [1, 1], "affinity"),
+        ([1, 1], [0, 0], "share"),
+        ([], [], "affinity"),
+        ([1, float("nan")], [1, 1], "affinity"),
+    ],
 )
 def test_bad_input(h, f, match):
     with pytest.raises(ConfigError, match=match):
@@ -107,8 +112,8 @@ def test_oda_reaches_the_eq2_optimum_for_super_linear_degradation(hf, exponent):
     assert is_super_linear(D)
     lp_cost, lp_pasm = solve_eq2(H, F, D)
     oda_cost = eq2_cost(H, oda(H, F), D)
-    assert oda_cost == pytest.approx(lp_cost, abs=1e-7)
-    np.testing.assert_allclose(np.asarray(H) @ np.asarray(lp_pasm), F, atol=1e-7)
+    assert oda_cost == pytest.approx(lp_cost, rel=1e-6, abs=1e-6)  # LP solver tolerances
+    np.testing.assert_allclose(np.asarray(H) @ np.asarray(lp_pasm), F, atol=1e-6)
 
 
 def test_oda_is_suboptimal_for_sub_linear_degradation():
@@ -120,7 +125,7 @@ def test_oda_is_suboptimal_for_sub_linear_degradation():
     lp_cost, lp_pasm = solve_eq2(H, F, D)
     assert oda_cost == pytest.approx(1.0)  # two half-masses, one level each
     assert lp_cost == pytest.approx(0.5 * math.sqrt(2))  # one half-mass, two levels
-    assert lp_pasm[0] == pytest.approx((0.0, 0.0, 1.0))
+    assert lp_pasm[0] == pytest.approx((0.0, 0.0, 1.0), abs=1e-6)
 
 
 @settings(max_examples=100, deadline=None)
@@ -129,4 +134,4 @@ def test_oda_never_beats_the_lp_for_sub_linear_degradation(hf):
     H, F = hf
     D = degradation_matrix(len(H), 0.5)
     lp_cost, _ = solve_eq2(H, F, D)
-    assert eq2_cost(H, oda(H, F), D) >= lp_cost - 1e-7
+    assert eq2_cost(H, oda(H, F), D) >= lp_cost - 1e-6
