@@ -67,3 +67,18 @@ def test_generate_bad_input_exits_2_with_a_clear_message(env, tmp_path, capsys, 
     assert main(["generate", "x", "--out", str(tmp_path / "x.png"), *extra]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_generate_cascade_with_a_saved_discriminator(env, tmp_path, capsys):
+    from classifiers.discriminator import Discriminator
+
+    disc = tmp_path / "disc"
+    Discriminator.new("test_efficientnet", image_size=32, light="sd-light").save(disc)
+    base = ["generate", "a cat", "--profile", "demo-cpu-cascade", "--level", "sd-light", "--seed", "2"]
+    base += ["--discriminator", str(disc), "--json", "--out", str(tmp_path / "c.png")]
+    assert main([*base, "--threshold", "0"]) == 0
+    kept = json.loads(capsys.readouterr().out)
+    assert kept["level"] == "sd-light" and not kept["deferred"] and 0 <= kept["confidence"] <= 1
+    assert main([*base, "--threshold", "1", "--heavy-from-light", "0.5"]) == 0
+    redone = json.loads(capsys.readouterr().out)
+    assert redone["level"] == "sd-heavy" and redone["deferred"] and redone["unet_calls"] == 1 + 4
