@@ -115,8 +115,13 @@ def solve_milp(
     sense: Literal["max", "min"] = "max",
     backend: str = "auto",
     time_limit_s: float = 5.0,
+    presolve: bool = True,
 ) -> SolveResult:
-    """Solve one MILP (or LP when no column is integral) on the chosen backend."""
+    """Solve one MILP (or LP when no column is integral) on the chosen backend.
+
+    ``presolve=False`` turns HiGHS' presolve off (it can misjudge LPs whose data spans many
+    orders of magnitude as infeasible).
+    """
     check_backend(backend)
     if backend in ("auto", "gurobi") and gurobi_available():
         res = _solve_gurobi(c, A, row_lo, row_hi, col_lo, col_hi, integrality, sense, time_limit_s)
@@ -124,7 +129,7 @@ def solve_milp(
             return res
     elif backend == "gurobi":
         _log_fallback("gurobipy is not installed or has no licence")
-    return _solve_highs(c, A, row_lo, row_hi, col_lo, col_hi, integrality, sense, time_limit_s)
+    return _solve_highs(c, A, row_lo, row_hi, col_lo, col_hi, integrality, sense, time_limit_s, presolve)
 
 
 def _as_csc(A):
@@ -133,7 +138,8 @@ def _as_csc(A):
     return sparse.csc_matrix(A)
 
 
-def _solve_highs(c, A, row_lo, row_hi, col_lo, col_hi, integrality, sense, time_limit_s) -> SolveResult:
+def _solve_highs(c, A, row_lo, row_hi, col_lo, col_hi, integrality, sense, time_limit_s,
+                 presolve: bool = True) -> SolveResult:
     hs = _highspy()
     m = _as_csc(A)
     lp = hs.HighsLp()
@@ -158,6 +164,8 @@ def _solve_highs(c, A, row_lo, row_hi, col_lo, col_hi, integrality, sense, time_
     h.setOptionValue("threads", 1)
     h.setOptionValue("time_limit", float(time_limit_s))
     h.setOptionValue("mip_rel_gap", 1e-9)
+    if not presolve:
+        h.setOptionValue("presolve", "off")
     try:
         h.passModel(lp)
         h.run()
