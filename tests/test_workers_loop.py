@@ -31,7 +31,8 @@ def _put(q, level, n, prefix="r", prompt="a red cube"):
 def test_worker_runs_batches_and_reports_timings(demo_ac):
     _, factory = demo_ac
     q = InProcessWorkQueue()
-    _put(q, "xl-k0", 3)
+    _put(q, "xl-k0", 2)
+    q.put("xl-k0", WorkItem("r2", "late", "xl-k0", seed=2, deadline_s=1.0))  # long past
     w = Worker("w0", q, factory, level="xl-k0", batch_size=2, poll_s=0.05)
     assert w.drain() == 3
     assert (w.stats.batches, w.stats.processed, w.stats.failed) == (2, 3, 0)
@@ -41,6 +42,10 @@ def test_worker_runs_batches_and_reports_timings(demo_ac):
         assert res.ok and res.worker_id == "w0" and res.level == "xl-k0"
         assert set(TIMING_KEYS) <= set(res.timings) and res.timings["denoise_s"] > 0
         assert res.timings["queue_wait_s"] >= 0
+        assert ("late_s" in res.timings) == (i == 2)
+        if i == 2:
+            assert res.timings["late_s"] > 1e9  # the deadline was 1970
+    assert q.wait_result("r2", timeout=0) is None  # delivered once
     assert w.status()["model"] == "demo-tiny-sdxl" and "demo-tiny-sdxl" in w.status()["loaded_models"]
 
 
@@ -84,6 +89,21 @@ def test_plan_change_switches_level_without_dropping_queued_work(demo_ac):
     w.set_level("xl-k0")
     w.drain()
     assert q.qsize("xl-k0") == 0 and w.stats.processed == 4 and w.stats.failed == 0
+
+
+def test_switching_to_another_model_loads_it_and_keeps_serving(demo_registry):
+    profile = load_demo_profile("demo-cpu-sm")
+    q = InProcessWorkQueue()
+    w = Worker("w0", q, executor_factory(profile, demo_registry), level="xl", poll_s=0.01)
+    _put(q, "xl", 1, prefix="x")
+    _put(q, "sd-1step", 2, prefix="s")
+    w.drain()
+    w.set_level("sd-1step")
+    w.drain()
+    assert w.stats.processed == 3 and len(w.stats.switch_s) == 2
+    assert q.wait_result("s1", timeout=0).unet_calls == 1
+    assert w.status()["model"] == "demo-tiny-sd-1step"
+    assert {"demo-tiny-sdxl", "demo-tiny-sd-1step"} <= set(w.status()["load_times_s"])
 
 
 def test_failures_become_error_results_and_work_is_acked(demo_registry):

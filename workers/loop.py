@@ -8,6 +8,8 @@ run it at the planned batch size, publish one result per request, and follow pla
   the new level is built before the next ``get``. Nothing queued is dropped.
 * A batch is the first item (blocking up to ``poll_s``) plus whatever else is already queued,
   up to the batch size.
+* Requests are never dropped for lateness here (admission is the router's job); a result of an
+  item with a deadline carries ``timings["late_s"]`` (0 when on time).
 * Failures never lose a request: an executor error becomes an error result for each item of the
   batch (``error_type`` names it); a cascade deferral is handed to the heavy level's queue.
 * :meth:`Worker.stop` finishes the batch in hand; items taken but not started are returned to
@@ -173,6 +175,10 @@ class Worker:
 
     def _publish(self, item: WorkItem, result: WorkResult) -> None:
         result = replace(result, worker_id=self.worker_id)
+        if item.deadline_s is not None:
+            finished = result.finished_s or time.time()
+            # how late the request finished (0 when on time): SLO accounting, never a drop
+            result = replace(result, timings={**result.timings, "late_s": max(0.0, finished - item.deadline_s)})
         if result.deferred and result.image_png is None and result.error is None:
             # Cascade: the light image was rejected; the heavy level redoes the request.
             handoff = replace(
