@@ -236,7 +236,8 @@ def test_gurobi_size_limit_falls_back_to_highs(sdxl, caplog):
 
 def test_importing_solver_does_not_import_heavy_packages():
     code = (
-        "import sys, solver, solver.allocate, solver.oda, solver.backends, argusdiff.predictors\n"
+        "import sys, solver, solver.allocate, solver.oda, solver.backends, solver.cascade, solver.exact\n"
+        "import argusdiff.predictors, argusdiff.commands.plan\n"
         "heavy = [m for m in ('torch', 'diffusers', 'transformers', 'timm', 'open_clip', 'highspy', 'gurobipy')"
         " if m in sys.modules]\n"
         "assert not heavy, heavy\n"
@@ -255,3 +256,23 @@ def test_large_cluster_with_current_keeps_workers(sdxl):
     # no more moves than the count changes force
     forced = sum(max(0, a - b) for a, b in zip(after.counts, before.counts, strict=True))
     assert after.moved_workers == forced
+
+
+@settings(max_examples=40, deadline=None)
+@given(instances(max_levels=6, max_workers=40), st.floats(0.5, 1.0), st.sampled_from([0.0, 0.005, 0.02]),
+       st.sampled_from(["exact", "aggregated"]))
+def test_switch_aware_plans_stay_within_tolerance(inst, previous, tol, formulation):
+    levels, W, demand = inst
+    before = allocate(levels, W, demand * previous, formulation="exact")
+    best = allocate(levels, W, demand, formulation="exact")
+    after = allocate(levels, W, demand, current=before.assignment, formulation=formulation,
+                     switch_tolerance=tol, backend="highs")
+    assert sum(after.counts) == W
+    assert after.capacity_qpm >= demand - 1e-6
+    assert after.expected_quality >= best.expected_quality * (1 - tol) - 1e-7
+    # never more switch cost than re-planning from scratch would cost
+    data = level_data(levels)
+    cur = list(before.counts)
+    assert after.switch_cost <= switch_cost(data, best.counts, cur)[0] + 1e-9
+    kept = sum(1 for w, lv in after.assignment.items() if before.assignment[w] == lv)
+    assert kept == W - after.moved_workers
