@@ -32,6 +32,9 @@ class SolverConfig(_Section):
     """Allocation solver settings (``[solver]``)."""
 
     backend: Literal["auto", "highs", "gurobi"] = "auto"
+    formulation: Literal["exact", "aggregated", "paper"] = Field(
+        "exact", description="allocation formulation `argusdiff plan` uses (exact: the fast path)"
+    )
     time_limit_s: float = Field(5.0, gt=0, description="per-solve time limit")
     switch_tolerance: float = Field(
         0.005, ge=0, le=1, description="relative quality a plan may give up to move fewer workers"

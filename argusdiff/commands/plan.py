@@ -45,8 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         help="H: share of prompts whose optimal level is each level, slowest first, comma-separated "
         "(shares or counts; 'id=value' pairs also work); default uniform",
     )
-    parser.add_argument("--formulation", choices=("exact", "aggregated", "paper"), default="exact",
-                        help="allocation formulation (default: exact)")
+    parser.add_argument("--formulation", choices=("exact", "aggregated", "paper"), default=None,
+                        help="allocation formulation (default: settings [solver] formulation, exact)")
     parser.add_argument("--backend", choices=("auto", "highs", "gurobi"), default=None,
                         help="MILP backend (default: settings [solver] backend)")
     parser.add_argument("--margin", type=_non_negative_float, default=1.0, help="capacity factor on the load (>= 1)")
@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     affinity = parse_affinity(args.affinity, profile.ids)
     current = _current(args.current, args.gpus, profile.ids)
     alloc = allocate(
-        profile.levels, args.gpus, args.load_qpm, current=current, formulation=args.formulation, backend=backend,
+        profile.levels, args.gpus, args.load_qpm, current=current, formulation=args.formulation or settings.solver.formulation, backend=backend,
         switch_tolerance=tol, margin=args.margin, time_limit_s=settings.solver.time_limit_s,
     )
     pasm = oda(affinity, alloc.share) if args.gpus > 0 else tuple(
