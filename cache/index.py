@@ -192,6 +192,7 @@ class HnswIndex:
         self._m, self._efc, self._ef = int(m), int(ef_construction), int(ef_search)
         self._threads = int(build_threads)
         self._lock = threading.RLock()
+        self._snapshot: Path | None = None
         if path is None:
             db = ":memory:"
             self.description = "hnsw:memory"
@@ -199,6 +200,7 @@ class HnswIndex:
             folder = Path(path).expanduser()
             folder.mkdir(parents=True, exist_ok=True)
             db = str(folder / "index.sqlite")
+            self._snapshot = folder / "graph.hnsw"
             self.description = f"hnsw:{folder}"
         self._db = sqlite3.connect(db, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA foreign_keys = ON")
@@ -215,6 +217,7 @@ class HnswIndex:
                 f"the configuration says {self.dim} (clear the cache or fix the setting)"
             )
         self._hnswlib = hnswlib
+        self.opened_from = "rebuild"  # or "snapshot"
         self._rebuild()
 
     # -- graph --
@@ -225,8 +228,46 @@ class HnswIndex:
         g.set_num_threads(1)
         return g
 
+    def _state(self) -> str:
+        """Changes whenever a prompt is added or removed: (AUTOINCREMENT sequence, row count)."""
+        seq = self._db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'prompts'").fetchone()
+        count = self._db.execute("SELECT COUNT(*) FROM prompts").fetchone()[0]
+        return f"{0 if seq is None else int(seq[0])}:{int(count)}"
+
+    def _load_snapshot(self, n: int):
+        """The graph saved by the last clean close(), if SQLite has not changed since; else None."""
+        if self._snapshot is None or not self._snapshot.is_file():
+            return None
+        saved = self._db.execute("SELECT value FROM meta WHERE key = 'graph_state'").fetchone()
+        if saved is None or saved[0] != self._state():
+            return None
+        try:
+            g = self._hnswlib.Index(space="cosine", dim=self.dim)
+            g.load_index(str(self._snapshot), max_elements=max(1024, 2 * n), allow_replace_deleted=True)
+            g.set_ef(self._ef)
+            g.set_num_threads(1)
+        except Exception:  # unreadable snapshot: rebuild from SQLite instead
+            return None
+        return g
+
+    def _save_snapshot(self) -> None:
+        if self._snapshot is None:
+            return
+        tmp = self._snapshot.with_suffix(".tmp")
+        try:
+            self._graph.save_index(str(tmp))
+            tmp.replace(self._snapshot)
+            self._db.execute(
+                "INSERT INTO meta(key, value) VALUES ('graph_state', ?) "
+                "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                (self._state(),),
+            )
+        except (OSError, RuntimeError, sqlite3.Error):
+            tmp.unlink(missing_ok=True)  # the next open rebuilds from SQLite
+
     def _rebuild(self) -> None:
-        """Rebuild the graph and the in-memory payload mirror from SQLite."""
+        """Load the graph snapshot if it matches SQLite, else rebuild the graph from SQLite;
+        the payload mirror always comes from SQLite."""
         with self._lock:
             rows: dict[str, _Row] = {}
             labels: dict[int, str] = {}
@@ -244,9 +285,14 @@ class HnswIndex:
             ):
                 if pid in rows:
                     rows[pid].latents[int(k)] = [int(size), int(hits), float(last_use)]
-            graph = self._new_graph(2 * len(ids))
-            if ids:
-                graph.add_items(np.vstack(embs), np.asarray(ids, dtype=np.int64), num_threads=self._threads)
+            graph = self._load_snapshot(len(ids))
+            if graph is not None and graph.get_current_count() >= len(ids):
+                self.opened_from = "snapshot"
+            else:
+                self.opened_from = "rebuild"
+                graph = self._new_graph(2 * len(ids))
+                if ids:
+                    graph.add_items(np.vstack(embs), np.asarray(ids, dtype=np.int64), num_threads=self._threads)
             self._graph, self._rows, self._labels = graph, rows, labels
 
     def _search_graph(self, v: np.ndarray, n: int) -> list[tuple[int, float]]:
@@ -409,7 +455,12 @@ class HnswIndex:
             self._rows, self._labels = {}, {}
 
     def close(self) -> None:
+        """Save the graph snapshot (so the next open skips the rebuild) and close SQLite."""
         with self._lock:
+            try:
+                self._save_snapshot()
+            except sqlite3.ProgrammingError:  # already closed
+                return
             self._db.close()
 
 

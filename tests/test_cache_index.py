@@ -210,3 +210,29 @@ def test_add_many(index):
         with pytest.raises(ValueError, match="already indexed"):
             index.add_many([(new_prompt_id(), vecs[0], "m", {5: 1}, 2.0), (ids[0], vecs[0], "m", {5: 1}, 2.0)])
         assert len(index) == 3
+
+
+def test_hnsw_reopen_uses_the_snapshot_only_when_sqlite_matches(tmp_path):
+    rng = np.random.default_rng(10)
+    vecs = _unit(rng, 40)
+    ids = [new_prompt_id() for _ in range(40)]
+    idx = HnswIndex(tmp_path / "i", DIM)
+    idx.add_many([(pid, v, "m", {5: 1}, 0.0) for pid, v in zip(ids[:30], vecs[:30], strict=True)])
+    idx.remove(ids[3])
+    idx.close()  # clean close: graph snapshot saved
+
+    idx = HnswIndex(tmp_path / "i", DIM)
+    assert idx.opened_from == "snapshot"
+    assert len(idx) == 29 and idx.nearest(vecs[3])[0].prompt_id != ids[3]
+    assert idx.nearest(vecs[7])[0].prompt_id == ids[7]
+    idx.add_many([(pid, v, "m", {5: 1}, 0.0) for pid, v in zip(ids[30:], vecs[30:], strict=True)])
+    idx._db.close()  # a crash: no snapshot of the new prompts
+
+    idx = HnswIndex(tmp_path / "i", DIM)
+    assert idx.opened_from == "rebuild"  # SQLite moved on: the stale snapshot is ignored
+    assert len(idx) == 39 and idx.nearest(vecs[35])[0].prompt_id == ids[35]
+    idx.close()
+    (tmp_path / "i" / "graph.hnsw").write_bytes(b"garbage")  # a damaged snapshot is not fatal
+    idx = HnswIndex(tmp_path / "i", DIM)
+    assert idx.opened_from == "rebuild" and idx.nearest(vecs[35])[0].prompt_id == ids[35]
+    idx.close()
