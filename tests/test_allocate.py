@@ -276,3 +276,25 @@ def test_switch_aware_plans_stay_within_tolerance(inst, previous, tol, formulati
     assert after.switch_cost <= switch_cost(data, best.counts, cur)[0] + 1e-9
     kept = sum(1 for w, lv in after.assignment.items() if before.assignment[w] == lv)
     assert kept == W - after.moved_workers
+
+
+@st.composite
+def unordered_instances(draw):
+    """Levels in any order, with ties: dominated levels, equal speeds, equal qualities."""
+    n = draw(st.integers(1, 6))
+    lats = draw(st.lists(st.sampled_from([0.5, 1.0, 1.5, 2.2, 4.2]), min_size=n, max_size=n))
+    qs = draw(st.lists(st.sampled_from([0.6, 0.8, 0.9, 0.93, 1.0]), min_size=n, max_size=n))
+    levels = make_levels([(lat, q, 1.0) for lat, q in zip(lats, qs, strict=True)])
+    W = draw(st.integers(1, 60))
+    demand = draw(st.floats(0.0, 1.0)) * W * max(lv.peak_qpm for lv in levels)
+    return levels, W, demand
+
+
+@settings(max_examples=80, deadline=None)
+@given(unordered_instances())
+def test_exact_matches_the_milp_on_unordered_levels(inst):
+    levels, W, demand = inst
+    a = allocate(levels, W, demand, formulation="exact")
+    b = allocate(levels, W, demand, formulation="aggregated", backend="highs")
+    assert a.expected_quality == pytest.approx(b.expected_quality, abs=1e-7)
+    assert a.capacity_qpm >= demand - 1e-6
