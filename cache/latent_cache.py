@@ -169,9 +169,11 @@ class LatentCache:
                 self._call("blob delete", self.blobs.delete, blob_key(prompt_id, k))
 
     # -- data path ------------------------------------------------------------------------------
-    def lookup(self, embedding: np.ndarray, k: int, *, model: str) -> CacheHit | None:
+    def lookup(self, embedding: np.ndarray, k: int, *, model: str, steps: int | None = None) -> CacheHit | None:
+        """See :class:`~cache.api.LatentCacheProtocol`. ``steps`` (the level's N), when given,
+        scales K to the thresholds' reference N before the threshold is chosen."""
         k = int(k)
-        threshold = self.policy.min_similarity(k)
+        threshold = self.policy.min_similarity(k, steps)
         if k <= 0 or math.isinf(threshold):
             return None  # K = 0 skips nothing; a K above the table is never servable
         emb = normalise(embedding, getattr(self.index, "dim", None))

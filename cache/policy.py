@@ -194,25 +194,41 @@ class RetentionPolicy:
 
 @dataclass(frozen=True, slots=True)
 class CachePolicy:
-    """Thresholds plus retention: everything the cache decides, in one value."""
+    """Thresholds plus retention: everything the cache decides, in one value.
+
+    The thresholds speak of K out of ``reference_steps`` (NIRVANA: N = 50). A level running a
+    different N may pass ``steps``: its K is then scaled to the same *fraction* of the trajectory
+    (K = 4 of N = 8 is judged like K = 25 of 50), so short schedules are not under-protected.
+    """
 
     thresholds: tuple[tuple[float, int], ...] = NIRVANA_THRESHOLDS
     retention: RetentionPolicy = RetentionPolicy()
+    reference_steps: int = 50
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "thresholds", validate_thresholds(self.thresholds))
+        if self.reference_steps < 1:
+            raise ConfigError(f"reference_steps must be >= 1 (got {self.reference_steps})")
 
     @property
     def ks(self) -> tuple[int, ...]:
         """Tabulated K values, largest first."""
         return tuple(k for _, k in self.thresholds)
 
+    def scaled_k(self, k: int, steps: int | None = None) -> int:
+        """``k`` of ``steps`` expressed in the table's K of ``reference_steps`` (rounded up)."""
+        if steps is None or steps == self.reference_steps or k <= 0:
+            return int(k)
+        if steps < 1:
+            raise ValueError(f"steps must be >= 1 (got {steps})")
+        return math.ceil(int(k) * self.reference_steps / int(steps) - 1e-9)
+
     def k_for(self, similarity: float) -> int:
         return k_for_similarity(similarity, self.thresholds)
 
-    def min_similarity(self, k: int) -> float:
-        return min_similarity_for_k(k, self.thresholds)
+    def min_similarity(self, k: int, steps: int | None = None) -> float:
+        return min_similarity_for_k(self.scaled_k(k, steps), self.thresholds)
 
-    def admits(self, similarity: float, k: int) -> bool:
-        """True when a cached prompt at ``similarity`` may serve a request skipping ``k`` steps."""
-        return k > 0 and self.k_for(similarity) >= k
+    def admits(self, similarity: float, k: int, steps: int | None = None) -> bool:
+        """True when a cached prompt at ``similarity`` may serve a request skipping ``k`` (of ``steps``)."""
+        return k > 0 and similarity > self.min_similarity(k, steps)

@@ -360,3 +360,13 @@ def test_from_config_s3(tmp_path, s3_env):
         pid = cache.store(emb, _latents([10]), META)
         assert cache.lookup(emb, 10, model="tiny-sd").prompt_id == pid
         assert cache.clear() == 1
+
+
+def test_lookup_scales_k_to_the_level_schedule(cache):
+    rng = np.random.default_rng(18)
+    base = _unit(rng)
+    cache.store(base, _latents([2, 4]), LatentMeta("tiny-sd", "EulerDiscreteScheduler", 8, 0, SHAPE))
+    probe = _at_similarity(base, 0.9, rng)
+    assert cache.lookup(probe, 4, model="tiny-sd") is not None  # K=4 read as 4 of 50: sim > 0.65 suffices
+    assert cache.lookup(probe, 4, model="tiny-sd", steps=8) is None  # 4 of 8 is half the run: needs > 0.95
+    assert cache.lookup(probe, 2, model="tiny-sd", steps=8) is not None  # 2 of 8 ~ 13 of 50: needs > 0.85

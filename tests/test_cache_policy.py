@@ -141,3 +141,13 @@ def test_victims_respect_max_latents():
 def test_retention_rejects_negative_budget():
     with pytest.raises(ConfigError, match="byte_budget"):
         RetentionPolicy(byte_budget=-1)
+
+
+def test_k_scaled_to_the_reference_schedule():
+    policy = CachePolicy()
+    assert policy.scaled_k(4, 8) == 25 and policy.scaled_k(2, 8) == 13 and policy.scaled_k(10, 50) == 10
+    assert policy.min_similarity(4, 8) == 0.95  # half of the trajectory, like K=25 of 50
+    assert policy.min_similarity(2, 8) == 0.85
+    assert policy.min_similarity(2) == 0.65  # unscaled: K=2 of 50
+    assert policy.admits(0.96, 4, 8) and not policy.admits(0.94, 4, 8)
+    assert policy.min_similarity(5, 4) == math.inf  # K > N is never servable
