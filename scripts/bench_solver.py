@@ -19,7 +19,11 @@ quality is checked against ``exact`` (the script fails if any differs).
 
 The ``exact+sw`` column uses ``backend=auto`` (gurobipy when licensed) for its switch-cost MILP.
 
-Usage: python scripts/bench_solver.py [--repeats 7] [--paper-max-vars 1000] [--quick]
+``--oda-study N`` instead compares ODA with the exact Eq. 2 LP on N random (H, F) pairs per
+degradation exponent (D(g) = g^p, g = level gap): share of instances where ODA costs more, and
+the mean/max relative excess.
+
+Usage: python scripts/bench_solver.py [--repeats 7] [--paper-max-vars 1000] [--quick] [--oda-study N]
 """
 
 from __future__ import annotations
@@ -106,6 +110,28 @@ def bench_case(levels, W: int, args, have_gurobi: bool) -> tuple[dict[str, str],
     return row, failures
 
 
+def oda_study(n: int, levels: int = 6, seed: int = 0) -> int:
+    """ODA vs the exact Eq. 2 LP on random Dirichlet (H, F) pairs."""
+    import numpy as np
+
+    from solver.oda import degradation_matrix, eq2_cost, solve_eq2
+
+    rng = np.random.default_rng(seed)
+    print(f"# ODA vs Eq. 2 LP: {n} random (H, F) per exponent, {levels} levels, Dirichlet(1), seed {seed}")
+    print(f"{'exponent':>8} {'ODA worse':>10} {'mean excess':>12} {'max excess':>11}")
+    pairs = [(rng.dirichlet(np.ones(levels)), rng.dirichlet(np.ones(levels))) for _ in range(n)]
+    for p in (0.5, 0.75, 1.0, 1.5, 2.0, 3.0):
+        D = degradation_matrix(levels, p)
+        excess = []
+        for H, F in pairs:
+            lp, _ = solve_eq2(H, F, D)
+            od = eq2_cost(H, oda(H, F), D)
+            excess.append((od - lp) / lp if lp > 1e-12 else 0.0)
+        worse = sum(1 for e in excess if e > 1e-6)
+        print(f"{p:>8g} {100 * worse / n:>9.1f}% {100 * statistics.mean(excess):>11.2f}% {100 * max(excess):>10.2f}%")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=7)
@@ -113,7 +139,11 @@ def main(argv=None) -> int:
                     help="skip the paper formulation on HiGHS above this many columns (2*L*W + W); "
                     "12 levels x 64 workers (1600 columns) took 48 s")
     ap.add_argument("--quick", action="store_true", help="8 and 64 workers only")
+    ap.add_argument("--oda-study", type=int, default=0, metavar="N",
+                    help="compare ODA with the Eq. 2 LP on N random instances per exponent, then exit")
     args = ap.parse_args(argv)
+    if args.oda_study:
+        return oda_study(args.oda_study)
     logging.basicConfig(level=logging.ERROR)
     backends.preload()
     have_gurobi = backends.gurobi_available()
