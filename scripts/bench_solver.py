@@ -47,8 +47,9 @@ def levels_12() -> tuple[ApproxLevel, ...]:
     out = []
     for k in range(0, 48, 4):
         q = 1.0 - 0.1 * (k / 44) ** 1.5
-        out.append(ApproxLevel(f"k{k}", Strategy.AC, "sdxl", 50, k, {1: round(0.2 + (50 - k) * 0.08, 4)},
-                               round(q, 4), 9.42))
+        out.append(
+            ApproxLevel(f"k{k}", Strategy.AC, "sdxl", 50, k, {1: round(0.2 + (50 - k) * 0.08, 4)}, round(q, 4), 9.42)
+        )
     return tuple(out)
 
 
@@ -99,12 +100,15 @@ def bench_case(levels, W: int, args, have_gurobi: bool) -> tuple[dict[str, str],
                 continue
             reps = args.repeats if (form == "aggregated" or W <= 64) else 3
             t, res = median_time(
-                lambda f=form, b=be: allocate(levels, W, demand, formulation=f, backend=b, time_limit_s=60), reps)
+                lambda f=form, b=be: allocate(levels, W, demand, formulation=f, backend=b, time_limit_s=60), reps
+            )
             if abs(res.expected_quality - ref.expected_quality) > 1e-6:
                 row[key] = f"{t * 1000:.1f}!"
                 failures += 1
-                print(f"# MISMATCH {key} L={L} W={W}: {res.expected_quality} vs {ref.expected_quality} {res.notes}",
-                      file=sys.stderr)
+                print(
+                    f"# MISMATCH {key} L={L} W={W}: {res.expected_quality} vs {ref.expected_quality} {res.notes}",
+                    file=sys.stderr,
+                )
             else:
                 row[key] = f"{t * 1000:.1f}"
     return row, failures
@@ -135,12 +139,21 @@ def oda_study(n: int, levels: int = 6, seed: int = 0) -> int:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--paper-max-vars", type=int, default=1000,
-                    help="skip the paper formulation on HiGHS above this many columns (2*L*W + W); "
-                    "12 levels x 64 workers (1600 columns) took 48 s")
+    ap.add_argument(
+        "--paper-max-vars",
+        type=int,
+        default=1000,
+        help="skip the paper formulation on HiGHS above this many columns (2*L*W + W); "
+        "12 levels x 64 workers (1600 columns) took 48 s",
+    )
     ap.add_argument("--quick", action="store_true", help="8 and 64 workers only")
-    ap.add_argument("--oda-study", type=int, default=0, metavar="N",
-                    help="compare ODA with the Eq. 2 LP on N random instances per exponent, then exit")
+    ap.add_argument(
+        "--oda-study",
+        type=int,
+        default=0,
+        metavar="N",
+        help="compare ODA with the Eq. 2 LP on N random instances per exponent, then exit",
+    )
     args = ap.parse_args(argv)
     if args.oda_study:
         return oda_study(args.oda_study)
@@ -149,8 +162,10 @@ def main(argv=None) -> int:
     have_gurobi = backends.gurobi_available()
     sets = {6: load_profile("sdxl-ac-a100").levels, 12: levels_12()}
     sizes = (8, 64) if args.quick else (8, 64, 256, 1024, 10000)
-    print(f"# bench_solver  {datetime.now(UTC):%Y-%m-%d %H:%M} UTC  {platform.machine()}  python "
-          f"{platform.python_version()}  gurobipy={'yes' if have_gurobi else 'no'}  repeats={args.repeats}")
+    print(
+        f"# bench_solver  {datetime.now(UTC):%Y-%m-%d %H:%M} UTC  {platform.machine()}  python "
+        f"{platform.python_version()}  gurobipy={'yes' if have_gurobi else 'no'}  repeats={args.repeats}"
+    )
     print(f"{'L':>3} {'W':>6} " + " ".join(f"{c:>12}" for c in COLS) + "   (median ms)")
     failures = 0
     for L, levels in sets.items():
@@ -158,9 +173,11 @@ def main(argv=None) -> int:
             row, bad = bench_case(levels, W, args, have_gurobi)
             failures += bad
             print(f"{L:>3} {W:>6} " + " ".join(f"{row[c]:>12}" for c in COLS), flush=True)
-    print("# licence: model exceeds the size-limited gurobipy licence (2000 variables/constraints); such a "
-          "solve falls back to HiGHS.  skipped: paper formulation on HiGHS above --paper-max-vars columns "
-          "(its symmetric binaries make HiGHS take tens of seconds).")
+    print(
+        "# licence: model exceeds the size-limited gurobipy licence (2000 variables/constraints); such a "
+        "solve falls back to HiGHS.  skipped: paper formulation on HiGHS above --paper-max-vars columns "
+        "(its symmetric binaries make HiGHS take tens of seconds)."
+    )
     return 1 if failures else 0
 
 

@@ -111,8 +111,14 @@ def worker_ids(workers: int | Sequence[str]) -> list[str]:
     return ids
 
 
-def _validate(levels: Sequence[ApproxLevel], demand_qpm: float, formulation: str, margin: float,
-              switch_tolerance: float, time_limit_s: float) -> None:
+def _validate(
+    levels: Sequence[ApproxLevel],
+    demand_qpm: float,
+    formulation: str,
+    margin: float,
+    switch_tolerance: float,
+    time_limit_s: float,
+) -> None:
     if not levels:
         raise ConfigError("levels: at least one approximation level is required")
     ids = [lv.id for lv in levels]
@@ -138,8 +144,15 @@ def _validate(levels: Sequence[ApproxLevel], demand_qpm: float, formulation: str
 # --- MILP formulations ---------------------------------------------------------------------------
 
 
-def _milp_aggregated(data: LevelData, W: int, D: float, backend: str, time_limit_s: float,
-                     cur: Sequence[int] | None = None, threshold: float | None = None):
+def _milp_aggregated(
+    data: LevelData,
+    W: int,
+    D: float,
+    backend: str,
+    time_limit_s: float,
+    cur: Sequence[int] | None = None,
+    threshold: float | None = None,
+):
     """Aggregated MILP. With ``cur``/``threshold``: minimise switch cost s.t. value >= threshold.
 
     Columns: n_v (int), l_v (cont) [, d_v >= n_v - cur_v, e_m >= N_m - C_m].
@@ -158,7 +171,7 @@ def _milp_aggregated(data: LevelData, W: int, D: float, backend: str, time_limit
         return np.zeros(n_cols)
 
     r = row()
-    r[L:2 * L] = 1.0
+    r[L : 2 * L] = 1.0
     rows.append(r), lo.append(D), hi.append(D)  # sum l = D
     r = row()
     r[:L] = 1.0
@@ -175,12 +188,12 @@ def _milp_aggregated(data: LevelData, W: int, D: float, backend: str, time_limit
     col_hi = np.full(n_cols, np.inf)
     col_hi[:L] = W
     if not sw:
-        c[L:2 * L] = q
+        c[L : 2 * L] = q
         sense = "max"
     else:
         assert threshold is not None
         r = row()
-        r[L:2 * L] = q
+        r[L : 2 * L] = q
         rows.append(r), lo.append(threshold), hi.append(np.inf)
         for v in range(L):
             r = row()
@@ -195,21 +208,29 @@ def _milp_aggregated(data: LevelData, W: int, D: float, backend: str, time_limit
                 r[v] = -1.0
             rows.append(r), lo.append(-float(sum(cur[v] for v in members))), hi.append(np.inf)
             c[2 * L + L + k] = max(data.load_time[v] for v in members)
-        c[2 * L:3 * L] = 1.0
+        c[2 * L : 3 * L] = 1.0
         # a tiny preference for quality among equal-cost plans
-        c[L:2 * L] = -1e-7 * q / max(D, 1.0)
+        c[L : 2 * L] = -1e-7 * q / max(D, 1.0)
         sense = "min"
     A = np.vstack(rows)
-    res = solve_milp(c, A, np.array(lo), np.array(hi), col_lo, col_hi, integ, sense=sense,
-                     backend=backend, time_limit_s=time_limit_s)
+    res = solve_milp(
+        c, A, np.array(lo), np.array(hi), col_lo, col_hi, integ, sense=sense, backend=backend, time_limit_s=time_limit_s
+    )
     if not res.ok:
         return None, res
     counts = [round(x) for x in res.x[:L]]
     return counts, res
 
 
-def _milp_paper(data: LevelData, W: int, D: float, backend: str, time_limit_s: float,
-                cur_level: Sequence[int | None] | None = None, threshold: float | None = None):
+def _milp_paper(
+    data: LevelData,
+    W: int,
+    D: float,
+    backend: str,
+    time_limit_s: float,
+    cur_level: Sequence[int | None] | None = None,
+    threshold: float | None = None,
+):
     """ARGUS Eq. 1 with binary x[v,w], continuous y_w and z[v,w] = x[v,w] * y_w.
 
     Column layout: x (L*W, index v*W + w), y (W), z (L*W). With ``cur_level`` (each worker's
@@ -257,8 +278,12 @@ def _milp_paper(data: LevelData, W: int, D: float, backend: str, time_limit_s: f
         sense = "max"
     else:
         assert cur_level is not None
-        add([zi(v, w) for v in range(L) for w in range(W)], [q[v] for v in range(L) for w in range(W)],
-            threshold, np.inf)
+        add(
+            [zi(v, w) for v in range(L) for w in range(W)],
+            [q[v] for v in range(L) for w in range(W)],
+            threshold,
+            np.inf,
+        )
         for w in range(W):
             cv = cur_level[w]
             for v in range(L):
@@ -272,8 +297,9 @@ def _milp_paper(data: LevelData, W: int, D: float, backend: str, time_limit_s: f
     col_lo = np.zeros(n_cols)
     col_hi = np.full(n_cols, np.inf)
     col_hi[:nx] = 1.0
-    res = solve_milp(c, A, np.array(lo), np.array(hi), col_lo, col_hi, integ, sense=sense,
-                     backend=backend, time_limit_s=time_limit_s)
+    res = solve_milp(
+        c, A, np.array(lo), np.array(hi), col_lo, col_hi, integ, sense=sense, backend=backend, time_limit_s=time_limit_s
+    )
     if not res.ok:
         return None, res
     x = res.x[:nx].reshape(L, W)
@@ -288,8 +314,13 @@ def _milp_paper(data: LevelData, W: int, D: float, backend: str, time_limit_s: f
 # --- assignment ----------------------------------------------------------------------------------
 
 
-def _assign(ids: Sequence[str], data: LevelData, level_ids: Sequence[str], counts: Sequence[int],
-            current_idx: Mapping[str, int | None]) -> dict[str, str | None]:
+def _assign(
+    ids: Sequence[str],
+    data: LevelData,
+    level_ids: Sequence[str],
+    counts: Sequence[int],
+    current_idx: Mapping[str, int | None],
+) -> dict[str, str | None]:
     """Worker ids for given counts: keep workers where they are, move same-model first."""
     L = len(data)
     out: dict[str, str | None] = {}
@@ -376,9 +407,22 @@ def allocate(
     saturated = demand_qpm > max_cap + EPS
     shortfall = max(0.0, demand_qpm - max_cap)
     if W == 0:
-        return _result(levels, ids, data, [0] * L, {}, demand_qpm, 0.0, demand_qpm > 0,
-                       shortfall, cur_counts, t0, "none", formulation,
-                       [*notes, "no workers: nothing can be served"])
+        return _result(
+            levels,
+            ids,
+            data,
+            [0] * L,
+            {},
+            demand_qpm,
+            0.0,
+            demand_qpm > 0,
+            shortfall,
+            cur_counts,
+            t0,
+            "none",
+            formulation,
+            [*notes, "no workers: nothing can be served"],
+        )
     if want > max_cap + EPS:
         if not saturated:
             notes.append(f"margin {margin:g} cannot be met: planning for the maximum capacity {max_cap:.1f} QPM")
@@ -388,15 +432,30 @@ def allocate(
         fastest = max(range(L), key=lambda v: (data.peak[v], data.quality[v]))
         counts = [0] * L
         counts[fastest] = W
-        return _result(levels, ids, data, counts, current_idx, demand_qpm, min(want, max_cap), saturated,
-                       shortfall, cur_counts, t0, "exact", formulation, notes)
+        return _result(
+            levels,
+            ids,
+            data,
+            counts,
+            current_idx,
+            demand_qpm,
+            min(want, max_cap),
+            saturated,
+            shortfall,
+            cur_counts,
+            t0,
+            "exact",
+            formulation,
+            notes,
+        )
 
     D = want
     counts: list[int] | None = None
     used_backend = "exact"
     if formulation == "exact" or D <= EPS:
-        counts, used_backend = _solve_exact(data, W, D, cur_counts, current_idx, switch_tolerance, notes,
-                                            backend, time_limit_s)
+        counts, used_backend = _solve_exact(
+            data, W, D, cur_counts, current_idx, switch_tolerance, notes, backend, time_limit_s
+        )
     elif formulation == "aggregated":
         got, res = _milp_aggregated(data, W, D, backend, time_limit_s)
         if got is not None and current_idx and switch_tolerance >= 0:
@@ -431,8 +490,22 @@ def allocate(
             counts, used_backend = _fill(data, cnt, W), res.backend
             if res.status == "time_limit":
                 notes.append(f"{res.backend} hit the {time_limit_s:g} s time limit; best plan found")
-    return _result(levels, ids, data, counts, current_idx, demand_qpm, D, False, 0.0, cur_counts, t0,
-                   used_backend, formulation, notes)
+    return _result(
+        levels,
+        ids,
+        data,
+        counts,
+        current_idx,
+        demand_qpm,
+        D,
+        False,
+        0.0,
+        cur_counts,
+        t0,
+        used_backend,
+        formulation,
+        notes,
+    )
 
 
 def _fill(data: LevelData, counts: Sequence[int], W: int) -> list[int]:
@@ -445,8 +518,17 @@ def _fill(data: LevelData, counts: Sequence[int], W: int) -> list[int]:
     return out
 
 
-def _solve_exact(data: LevelData, W: int, D: float, cur_counts: Sequence[int], current_idx, tol: float,
-                 notes: list[str], backend: str = "auto", time_limit_s: float = 5.0) -> tuple[list[int], str]:
+def _solve_exact(
+    data: LevelData,
+    W: int,
+    D: float,
+    cur_counts: Sequence[int],
+    current_idx,
+    tol: float,
+    notes: list[str],
+    backend: str = "auto",
+    time_limit_s: float = 5.0,
+) -> tuple[list[int], str]:
     solver = ExactSolver(data, W, D)
     try:
         got = solver.solve()
@@ -466,7 +548,8 @@ def _solve_exact(data: LevelData, W: int, D: float, cur_counts: Sequence[int], c
             sw = _fill_switch(data, sw, W, cur_counts)
             _, sw_value = greedy_loads(data, sw, D)
             if sw_value >= thr - 1e-7 * max(1.0, abs(thr)) and (
-                    switch_cost(data, sw, cur_counts) <= switch_cost(data, counts, cur_counts)):
+                switch_cost(data, sw, cur_counts) <= switch_cost(data, counts, cur_counts)
+            ):
                 return sw, f"exact+{res.backend}"
         else:
             notes.append(f"switch-cost pass: {res.backend} returned {res.status}; kept the optimal plan")
@@ -488,8 +571,22 @@ def _fill_switch(data: LevelData, counts: Sequence[int], W: int, cur_counts: Seq
     return out
 
 
-def _result(levels, ids, data: LevelData, counts, current_idx, demand_qpm, served_demand, saturated, shortfall,
-            cur_counts, t0, backend, formulation, notes) -> Allocation:
+def _result(
+    levels,
+    ids,
+    data: LevelData,
+    counts,
+    current_idx,
+    demand_qpm,
+    served_demand,
+    saturated,
+    shortfall,
+    cur_counts,
+    t0,
+    backend,
+    formulation,
+    notes,
+) -> Allocation:
     level_ids = [lv.id for lv in levels]
     loads, value = greedy_loads(data, counts, served_demand)
     total = sum(loads)
@@ -504,8 +601,11 @@ def _result(levels, ids, data: LevelData, counts, current_idx, demand_qpm, serve
     assignment = _assign(ids, data, level_ids, counts, current_idx)
     cost, moved = switch_cost(data, counts, cur_counts) if current_idx else (0.0, 0)
     if current_idx:
-        moved = sum(1 for w in ids if assignment[w] is not None
-                    and (current_idx.get(w) is None or level_ids[current_idx[w]] != assignment[w]))
+        moved = sum(
+            1
+            for w in ids
+            if assignment[w] is not None and (current_idx.get(w) is None or level_ids[current_idx[w]] != assignment[w])
+        )
     return Allocation(
         levels=tuple(level_ids),
         counts=tuple(int(c) for c in counts),

@@ -91,16 +91,26 @@ def preload() -> None:
     for name in ("highs", "gurobi"):
         if name == "gurobi" and not gurobi_available():
             continue
-        solve_milp(c, a, np.array([-np.inf]), np.array([4.0]), np.zeros(2), np.array([4.0, 4.0]),
-                   np.array([True, False]), sense="max", backend=name)
+        solve_milp(
+            c,
+            a,
+            np.array([-np.inf]),
+            np.array([4.0]),
+            np.zeros(2),
+            np.array([4.0, 4.0]),
+            np.array([True, False]),
+            sense="max",
+            backend=name,
+        )
 
 
 def _log_fallback(reason: str) -> None:
     with _lock:
         if not _state["fallback_logged"]:
             _state["fallback_logged"] = True
-            log.warning("gurobipy cannot solve this model (%s); falling back to HiGHS "
-                        "(logged once per process)", reason)
+            log.warning(
+                "gurobipy cannot solve this model (%s); falling back to HiGHS (logged once per process)", reason
+            )
 
 
 def solve_milp(
@@ -138,8 +148,9 @@ def _as_csc(A):
     return sparse.csc_matrix(A)
 
 
-def _solve_highs(c, A, row_lo, row_hi, col_lo, col_hi, integrality, sense, time_limit_s,
-                 presolve: bool = True) -> SolveResult:
+def _solve_highs(
+    c, A, row_lo, row_hi, col_lo, col_hi, integrality, sense, time_limit_s, presolve: bool = True
+) -> SolveResult:
     hs = _highspy()
     m = _as_csc(A)
     lp = hs.HighsLp()
@@ -228,7 +239,8 @@ def _solve_gurobi(c, A, row_lo, row_hi, col_lo, col_hi, integrality, sense, time
     if status in (GRB.INFEASIBLE, GRB.INF_OR_UNBD):
         return SolveResult("infeasible", None, None, "gurobi", "infeasible")
     if model.SolCount == 0:
-        return SolveResult("time_limit" if status == GRB.TIME_LIMIT else "error", None, None, "gurobi",
-                           f"gurobi status {status}")
+        return SolveResult(
+            "time_limit" if status == GRB.TIME_LIMIT else "error", None, None, "gurobi", f"gurobi status {status}"
+        )
     st: Status = "optimal" if status == GRB.OPTIMAL else "time_limit"
     return SolveResult(st, np.asarray(x.X, dtype=np.float64), float(model.ObjVal), "gurobi")

@@ -83,10 +83,20 @@ def _little(queue: float, rate_qpm: float) -> float:
     return queue * 60.0 / rate_qpm
 
 
-def cascade_candidates(spec: CascadeSpec, light: ApproxLevel, heavy: ApproxLevel, workers: int,
-                       demand_qpm: float, slo_s: float, *, queue_light: float = 0, queue_heavy: float = 0,
-                       overprovision: float = 1.05, arrival_heavy_qpm: float | None = None,
-                       batch_sizes: Sequence[int] = BATCH_SIZES):
+def cascade_candidates(
+    spec: CascadeSpec,
+    light: ApproxLevel,
+    heavy: ApproxLevel,
+    workers: int,
+    demand_qpm: float,
+    slo_s: float,
+    *,
+    queue_light: float = 0,
+    queue_heavy: float = 0,
+    overprovision: float = 1.05,
+    arrival_heavy_qpm: float | None = None,
+    batch_sizes: Sequence[int] = BATCH_SIZES,
+):
     """Every (t, b1, b2, x1, x2, latency) meeting Eq. 1-4 with the fewest workers per model, by
     enumeration. The reference the MILP is tested against, and the answer it must match."""
     D = demand_qpm * overprovision
@@ -176,63 +186,64 @@ def solve_cascade(
         hi.append(hi_v)
 
     r = np.zeros(n)
-    r[iz:iz + K] = 1
+    r[iz : iz + K] = 1
     add(r, 1, 1)  # one threshold
     r = np.zeros(n)
-    r[is1:is1 + nb] = 1
+    r[is1 : is1 + nb] = 1
     add(r, 1, 1)  # one light batch size
     r = np.zeros(n)
-    r[is2:is2 + nb] = 1
+    r[is2 : is2 + nb] = 1
     add(r, 1, 1)  # one heavy batch size
     # Eq. 1: sum s1 e1 + q1 + sum s2 e2 + sum z q2 <= L
     r = np.zeros(n)
-    r[is1:is1 + nb] = e1
-    r[is2:is2 + nb] = e2
-    r[iz:iz + K] = q2
+    r[is1 : is1 + nb] = e1
+    r[is2 : is2 + nb] = e2
+    r[iz : iz + K] = q2
     add(r, -np.inf, slo_s - q1)
     # Eq. 2: sum_b x1_b T1(b) >= D
     r = np.zeros(n)
-    r[ix1:ix1 + nb] = T1
+    r[ix1 : ix1 + nb] = T1
     add(r, D, np.inf)
     # Eq. 3: sum_b x2_b T2(b) - D sum_k z_k f_k >= 0
     r = np.zeros(n)
-    r[ix2:ix2 + nb] = T2
-    r[iz:iz + K] = -D * fs
+    r[ix2 : ix2 + nb] = T2
+    r[iz : iz + K] = -D * fs
     add(r, 0, np.inf)
     # Eq. 4
     r = np.zeros(n)
-    r[ix1:ix1 + nb] = 1
-    r[ix2:ix2 + nb] = 1
+    r[ix1 : ix1 + nb] = 1
+    r[ix2 : ix2 + nb] = 1
     add(r, -np.inf, workers)
     # link counts to the chosen batch size: x_b <= S * s_b
     for j in range(nb):
         add({ix1 + j: 1.0, is1 + j: -float(workers)}, -np.inf, 0)
         add({ix2 + j: 1.0, is2 + j: -float(workers)}, -np.inf, 0)
     c = np.zeros(n)
-    c[iz:iz + K] = ts
+    c[iz : iz + K] = ts
     # Secondary terms, together smaller than a tenth of the grid step so they never trade away
     # threshold: the lowest latency for the same t, then the fewest workers.
     steps = np.diff(ts)
     room = 0.1 * float(steps[steps > 0].min()) if np.any(steps > 0) else 1e-3
     w_lat = 0.5 * room / (float(e1.max() + e2.max()) + 1.0)
     w_wrk = 0.5 * room / (workers + 1.0)
-    c[ix1:ix1 + 2 * nb] = -w_wrk
-    c[is1:is1 + nb] -= w_lat * e1
-    c[is2:is2 + nb] -= w_lat * e2
+    c[ix1 : ix1 + 2 * nb] = -w_wrk
+    c[is1 : is1 + nb] -= w_lat * e1
+    c[is2 : is2 + nb] -= w_lat * e2
     integ = np.ones(n, dtype=bool)
     col_lo = np.zeros(n)
     col_hi = np.concatenate([np.ones(K + 2 * nb), np.full(2 * nb, float(workers))])
     A = np.vstack(rows)
-    res = solve_milp(c, A, np.array(lo), np.array(hi), col_lo, col_hi, integ, sense="max", backend=backend,
-                     time_limit_s=time_limit_s)
+    res = solve_milp(
+        c, A, np.array(lo), np.array(hi), col_lo, col_hi, integ, sense="max", backend=backend, time_limit_s=time_limit_s
+    )
     notes: list[str] = []
     if res.ok:
         x = np.rint(res.x).astype(int)
-        k = int(np.argmax(x[iz:iz + K]))
-        j1 = int(np.argmax(x[is1:is1 + nb]))
-        j2 = int(np.argmax(x[is2:is2 + nb]))
-        x1 = int(x[ix1:ix1 + nb].sum())
-        x2 = int(x[ix2:ix2 + nb].sum())
+        k = int(np.argmax(x[iz : iz + K]))
+        j1 = int(np.argmax(x[is1 : is1 + nb]))
+        j2 = int(np.argmax(x[is2 : is2 + nb]))
+        x1 = int(x[ix1 : ix1 + nb].sum())
+        x2 = int(x[ix2 : ix2 + nb].sum())
         spare = workers - x1 - x2
         if spare > 0:  # idle workers add headroom where utilisation is higher
             u1 = D / (x1 * T1[j1]) if x1 else math.inf
@@ -243,10 +254,21 @@ def solve_cascade(
                 x1 += spare
         lat = e1[j1] + q1 + e2[j2] + q2[k]
         return CascadePlan(
-            x_light=x1, x_heavy=x2, b_light=B[j1], b_heavy=B[j2], threshold=float(ts[k]), deferral=float(fs[k]),
-            feasible=True, saturated=False, shortfall_qpm=0.0, demand_qpm=D,
-            capacity_light_qpm=float(x1 * T1[j1]), capacity_heavy_qpm=float(x2 * T2[j2]),
-            latency_s=float(lat), solve_s=time.perf_counter() - t0, backend=res.backend,
+            x_light=x1,
+            x_heavy=x2,
+            b_light=B[j1],
+            b_heavy=B[j2],
+            threshold=float(ts[k]),
+            deferral=float(fs[k]),
+            feasible=True,
+            saturated=False,
+            shortfall_qpm=0.0,
+            demand_qpm=D,
+            capacity_light_qpm=float(x1 * T1[j1]),
+            capacity_heavy_qpm=float(x2 * T2[j2]),
+            latency_s=float(lat),
+            solve_s=time.perf_counter() - t0,
+            backend=res.backend,
         )
     if res.status not in ("infeasible",):
         notes.append(f"{res.backend} returned {res.status} ({res.message}); planning for maximum throughput")
@@ -263,9 +285,20 @@ def solve_cascade(
     if not feasible:
         notes.append(f"no batch size meets the {slo_s:g} s latency bound with the observed queues")
     return CascadePlan(
-        x_light=workers, x_heavy=0, b_light=B[j1], b_heavy=B[0], threshold=float(ts[k]), deferral=float(fs[k]),
-        feasible=feasible, saturated=saturated, shortfall_qpm=float(shortfall), demand_qpm=D,
-        capacity_light_qpm=float(cap1), capacity_heavy_qpm=0.0,
-        latency_s=float(e1[j1] + q1 + e2[0] + q2[k]), solve_s=time.perf_counter() - t0, backend=res.backend,
+        x_light=workers,
+        x_heavy=0,
+        b_light=B[j1],
+        b_heavy=B[0],
+        threshold=float(ts[k]),
+        deferral=float(fs[k]),
+        feasible=feasible,
+        saturated=saturated,
+        shortfall_qpm=float(shortfall),
+        demand_qpm=D,
+        capacity_light_qpm=float(cap1),
+        capacity_heavy_qpm=0.0,
+        latency_s=float(e1[j1] + q1 + e2[0] + q2[k]),
+        solve_s=time.perf_counter() - t0,
+        backend=res.backend,
         notes=tuple(notes),
     )

@@ -154,8 +154,9 @@ def eq2_cost(affinity: Sequence[float], pasm: Sequence[Sequence[float]], D: np.n
     return float(sum(P[i, j] * H[i] * D[i, j] for i in range(L) for j in range(i + 1, L)))
 
 
-def solve_eq2(affinity: Sequence[float], share: Sequence[float], D: np.ndarray, *, backend: str = "highs"
-              ) -> tuple[float, tuple[tuple[float, ...], ...]]:
+def solve_eq2(
+    affinity: Sequence[float], share: Sequence[float], D: np.ndarray, *, backend: str = "highs"
+) -> tuple[float, tuple[tuple[float, ...], ...]]:
     """Eq. 2 exactly, as a transport LP over flows X[i, j] >= 0 with row sums H and column sums F.
 
     Returns (optimal cost, PASM). Shifts to slower levels cost nothing (Eq. 2 only sums faster ones).
@@ -175,15 +176,34 @@ def solve_eq2(affinity: Sequence[float], share: Sequence[float], D: np.ndarray, 
             c[i * L + j] = D[i, j]
     A = np.zeros((2 * L, n))
     for i in range(L):
-        A[i, i * L:(i + 1) * L] = 1.0  # sum_j X[i, j] = H[i]
+        A[i, i * L : (i + 1) * L] = 1.0  # sum_j X[i, j] = H[i]
         A[L + i, i::L] = 1.0  # sum_i X[i, j] = F[j]
     b = np.concatenate([H, F])
     slack = np.concatenate([np.zeros(L), np.full(L, 1e-9)])  # column sums within 1e-9 of F
-    res = solve_milp(c, A, b - slack, b + slack, np.zeros(n), np.full(n, np.inf), np.zeros(n, dtype=bool),
-                     sense="min", backend=backend)
+    res = solve_milp(
+        c,
+        A,
+        b - slack,
+        b + slack,
+        np.zeros(n),
+        np.full(n, np.inf),
+        np.zeros(n, dtype=bool),
+        sense="min",
+        backend=backend,
+    )
     if not res.ok:  # HiGHS' presolve can call a balanced transport LP with tiny masses infeasible
-        res = solve_milp(c, A, b - slack, b + slack, np.zeros(n), np.full(n, np.inf), np.zeros(n, dtype=bool),
-                         sense="min", backend="highs", presolve=False)
+        res = solve_milp(
+            c,
+            A,
+            b - slack,
+            b + slack,
+            np.zeros(n),
+            np.full(n, np.inf),
+            np.zeros(n, dtype=bool),
+            sense="min",
+            backend="highs",
+            presolve=False,
+        )
     if not res.ok:  # pragma: no cover - a balanced transport problem is always feasible
         raise RuntimeError(f"Eq. 2 LP failed: {res.status} {res.message}")
     X = np.clip(res.x.reshape(L, L), 0.0, None)

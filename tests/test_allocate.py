@@ -268,14 +268,19 @@ def test_large_cluster_with_current_keeps_workers(sdxl):
 
 
 @settings(max_examples=40, deadline=None)
-@given(instances(max_levels=6, max_workers=40), st.floats(0.5, 1.0), st.sampled_from([0.0, 0.005, 0.02]),
-       st.sampled_from(["exact", "aggregated"]))
+@given(
+    instances(max_levels=6, max_workers=40),
+    st.floats(0.5, 1.0),
+    st.sampled_from([0.0, 0.005, 0.02]),
+    st.sampled_from(["exact", "aggregated"]),
+)
 def test_switch_aware_plans_stay_within_tolerance(inst, previous, tol, formulation):
     levels, W, demand = inst
     before = allocate(levels, W, demand * previous, formulation="exact")
     best = allocate(levels, W, demand, formulation="exact")
-    after = allocate(levels, W, demand, current=before.assignment, formulation=formulation,
-                     switch_tolerance=tol, backend="highs")
+    after = allocate(
+        levels, W, demand, current=before.assignment, formulation=formulation, switch_tolerance=tol, backend="highs"
+    )
     assert sum(after.counts) == W
     assert after.capacity_qpm >= demand - 1e-6
     assert after.expected_quality >= best.expected_quality * (1 - tol) - 1e-7

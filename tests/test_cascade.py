@@ -62,7 +62,12 @@ def test_backends_agree(name):
         b = solve_cascade(c, light, heavy, workers, demand, p.default_slo_s(), backend="gurobi")
         assert b.backend == "gurobi"
         assert (a.threshold, a.x_light, a.x_heavy, a.b_light, a.b_heavy) == (
-            b.threshold, b.x_light, b.x_heavy, b.b_light, b.b_heavy)
+            b.threshold,
+            b.x_light,
+            b.x_heavy,
+            b.b_light,
+            b.b_heavy,
+        )
 
 
 def test_threshold_falls_as_demand_rises():
@@ -107,8 +112,14 @@ def test_latency_bound_that_nothing_meets():
 
 @pytest.mark.parametrize(
     ("kwargs", "field"),
-    [({"workers": -1}, "workers"), ({"demand_qpm": -5}, "demand_qpm"), ({"slo_s": 0}, "slo_s"),
-     ({"overprovision": 0.9}, "overprovision"), ({"backend": "x"}, "backend"), ({"queue_light": -1}, "queue")],
+    [
+        ({"workers": -1}, "workers"),
+        ({"demand_qpm": -5}, "demand_qpm"),
+        ({"slo_s": 0}, "slo_s"),
+        ({"overprovision": 0.9}, "overprovision"),
+        ({"backend": "x"}, "backend"),
+        ({"queue_light": -1}, "queue"),
+    ],
 )
 def test_bad_input(kwargs, field):
     _p, c, light, heavy = parts("cascade-sdturbo-sdv15")

@@ -28,8 +28,18 @@ def test_plan_text(capsys):
 
 
 def test_plan_json_with_affinity(capsys):
-    code, out, _ = run(capsys, "--profile", "sdxl-ac-a100", "--gpus", "8", "--load-qpm", "300",
-                       "--affinity", "0.2,0.2,0.2,0.2,0.1,0.1", "--json")
+    code, out, _ = run(
+        capsys,
+        "--profile",
+        "sdxl-ac-a100",
+        "--gpus",
+        "8",
+        "--load-qpm",
+        "300",
+        "--affinity",
+        "0.2,0.2,0.2,0.2,0.1,0.1",
+        "--json",
+    )
     assert code == 0
     data = json.loads(out)
     assert data["saturated"] is True and data["shortfall_qpm"] > 0
@@ -42,13 +52,44 @@ def test_plan_json_with_affinity(capsys):
 
 @pytest.mark.parametrize("formulation", ["exact", "aggregated", "paper"])
 def test_plan_formulations_agree(capsys, formulation):
-    code, out, _ = run(capsys, "--profile", "sm-a100", "--gpus", "6", "--load-qpm", "120", "--json",
-                       "--formulation", formulation, "--backend", "highs", "--affinity", "sd-xl=1,tiny-sd=1")
+    code, out, _ = run(
+        capsys,
+        "--profile",
+        "sm-a100",
+        "--gpus",
+        "6",
+        "--load-qpm",
+        "120",
+        "--json",
+        "--formulation",
+        formulation,
+        "--backend",
+        "highs",
+        "--affinity",
+        "sd-xl=1,tiny-sd=1",
+    )
     assert code == 0
     data = json.loads(out)
-    ref = json.loads(subprocess.run(
-        [sys.executable, "-m", "argusdiff", "plan", "--profile", "sm-a100", "--gpus", "6", "--load-qpm", "120",
-         "--json"], capture_output=True, text=True, check=True).stdout)
+    ref = json.loads(
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "argusdiff",
+                "plan",
+                "--profile",
+                "sm-a100",
+                "--gpus",
+                "6",
+                "--load-qpm",
+                "120",
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
     assert data["expected_quality"] == pytest.approx(ref["expected_quality"], abs=1e-9)
 
 

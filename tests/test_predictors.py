@@ -52,8 +52,15 @@ def test_ewma_arrivals_and_config():
         e.update_arrivals(3, 0)
 
 
-@pytest.mark.parametrize(("kwargs", "field"), [({"alpha": 0}, "ewma_alpha"), ({"alpha": 1.5}, "ewma_alpha"),
-                                               ({"window": 0}, "window"), ({"initial_qpm": -1}, "initial_qpm")])
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"alpha": 0}, "ewma_alpha"),
+        ({"alpha": 1.5}, "ewma_alpha"),
+        ({"window": 0}, "window"),
+        ({"initial_qpm": -1}, "initial_qpm"),
+    ],
+)
 def test_ewma_bad_parameters(kwargs, field):
     with pytest.raises(ConfigError, match=field):
         EwmaDemand(**kwargs)

@@ -45,16 +45,29 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         help="H: share of prompts whose optimal level is each level, slowest first, comma-separated "
         "(shares or counts; 'id=value' pairs also work); default uniform",
     )
-    parser.add_argument("--formulation", choices=("exact", "aggregated", "paper"), default=None,
-                        help="allocation formulation (default: settings [solver] formulation, exact)")
-    parser.add_argument("--backend", choices=("auto", "highs", "gurobi"), default=None,
-                        help="MILP backend (default: settings [solver] backend)")
+    parser.add_argument(
+        "--formulation",
+        choices=("exact", "aggregated", "paper"),
+        default=None,
+        help="allocation formulation (default: settings [solver] formulation, exact)",
+    )
+    parser.add_argument(
+        "--backend",
+        choices=("auto", "highs", "gurobi"),
+        default=None,
+        help="MILP backend (default: settings [solver] backend)",
+    )
     parser.add_argument("--margin", type=_non_negative_float, default=1.0, help="capacity factor on the load (>= 1)")
-    parser.add_argument("--switch-tolerance", type=_non_negative_float, default=None,
-                        help="relative quality a plan may give up to move fewer workers (with --current)")
+    parser.add_argument(
+        "--switch-tolerance",
+        type=_non_negative_float,
+        default=None,
+        help="relative quality a plan may give up to move fewer workers (with --current)",
+    )
     parser.add_argument("--current", help="current level per worker, comma-separated level ids ('-' for idle)")
-    parser.add_argument("--slo-s", type=_non_negative_float, default=None,
-                        help="cascade latency SLO (default: profile)")
+    parser.add_argument(
+        "--slo-s", type=_non_negative_float, default=None, help="cascade latency SLO (default: profile)"
+    )
     parser.add_argument("--queue-light", type=_non_negative_int, default=0, help="cascade: queued light requests")
     parser.add_argument("--queue-heavy", type=_non_negative_int, default=0, help="cascade: queued heavy requests")
     parser.add_argument("--config", help="settings TOML file")
@@ -79,8 +92,9 @@ def parse_affinity(text: str | None, level_ids: tuple[str, ...]) -> tuple[float,
         values = [got.get(lv, 0.0) for lv in level_ids]
     else:
         if len(parts) != n:
-            raise ConfigError(f"--affinity: expected {n} values (one per level: {', '.join(level_ids)}), "
-                              f"got {len(parts)}")
+            raise ConfigError(
+                f"--affinity: expected {n} values (one per level: {', '.join(level_ids)}), got {len(parts)}"
+            )
         values = [_affinity_value(p) for p in parts]
     total = sum(values)
     if total <= 0:
@@ -136,24 +150,45 @@ def run(args: argparse.Namespace) -> int:
     affinity = parse_affinity(args.affinity, profile.ids)
     current = _current(args.current, args.gpus, profile.ids)
     alloc = allocate(
-        profile.levels, args.gpus, args.load_qpm, current=current, formulation=args.formulation or settings.solver.formulation, backend=backend,
-        switch_tolerance=tol, margin=args.margin, time_limit_s=settings.solver.time_limit_s,
+        profile.levels,
+        args.gpus,
+        args.load_qpm,
+        current=current,
+        formulation=args.formulation or settings.solver.formulation,
+        backend=backend,
+        switch_tolerance=tol,
+        margin=args.margin,
+        time_limit_s=settings.solver.time_limit_s,
     )
-    pasm = oda(affinity, alloc.share) if args.gpus > 0 else tuple(
-        tuple(1.0 if i == j else 0.0 for j in range(len(profile.ids))) for i in range(len(profile.ids)))
+    pasm = (
+        oda(affinity, alloc.share)
+        if args.gpus > 0
+        else tuple(tuple(1.0 if i == j else 0.0 for j in range(len(profile.ids))) for i in range(len(profile.ids)))
+    )
     if args.json:
-        out = {"profile": profile.name, "gpus": args.gpus, "load_qpm": args.load_qpm, "margin": args.margin,
-               "affinity": list(affinity), "pasm": [list(r) for r in pasm], **alloc.to_dict()}
+        out = {
+            "profile": profile.name,
+            "gpus": args.gpus,
+            "load_qpm": args.load_qpm,
+            "margin": args.margin,
+            "affinity": list(affinity),
+            "pasm": [list(r) for r in pasm],
+            **alloc.to_dict(),
+        }
         print(json.dumps(out, indent=2))
         return 0
-    print(f"{profile.name} on {profile.gpu}: {args.gpus} GPUs, load {args.load_qpm:g} QPM"
-          + (f" x margin {args.margin:g}" if args.margin != 1 else "")
-          + f"; {alloc.formulation} formulation via {alloc.backend}, {alloc.solve_s * 1000:.1f} ms")
+    print(
+        f"{profile.name} on {profile.gpu}: {args.gpus} GPUs, load {args.load_qpm:g} QPM"
+        + (f" x margin {args.margin:g}" if args.margin != 1 else "")
+        + f"; {alloc.formulation} formulation via {alloc.backend}, {alloc.solve_s * 1000:.1f} ms"
+    )
     width = max(len(i) for i in profile.ids) + 2
     print(f"{'level':<{width}}{'workers':>8}{'QPM/worker':>12}{'load QPM':>10}{'F(v)':>8}{'H(v)':>8}{'quality':>9}")
     for i, lv in enumerate(profile.levels):
-        print(f"{lv.id:<{width}}{alloc.counts[i]:>8}{lv.peak_qpm:>12.2f}{alloc.loads_qpm[i]:>10.1f}"
-              f"{alloc.share[i]:>8.3f}{affinity[i]:>8.3f}{lv.quality:>9.3f}")
+        print(
+            f"{lv.id:<{width}}{alloc.counts[i]:>8}{lv.peak_qpm:>12.2f}{alloc.loads_qpm[i]:>10.1f}"
+            f"{alloc.share[i]:>8.3f}{affinity[i]:>8.3f}{lv.quality:>9.3f}"
+        )
     print(f"capacity {alloc.capacity_qpm:.1f} QPM; expected mean quality {alloc.expected_quality:.4f}")
     if current is not None:
         print(f"moved workers: {alloc.moved_workers} (switch cost {alloc.switch_cost:.1f})")
@@ -176,22 +211,45 @@ def _run_cascade(args, profile, settings, backend) -> int:
     if slo <= 0:
         raise ConfigError(f"--slo-s: must be > 0, got {slo:g}")
     plan = solve_cascade(
-        c, profile.level(c.light), profile.level(c.heavy), args.gpus, args.load_qpm, slo,
-        queue_light=args.queue_light, queue_heavy=args.queue_heavy,
-        overprovision=settings.solver.overprovision * args.margin, backend=backend,
+        c,
+        profile.level(c.light),
+        profile.level(c.heavy),
+        args.gpus,
+        args.load_qpm,
+        slo,
+        queue_light=args.queue_light,
+        queue_heavy=args.queue_heavy,
+        overprovision=settings.solver.overprovision * args.margin,
+        backend=backend,
         time_limit_s=settings.solver.time_limit_s,
     )
     if args.json:
-        print(json.dumps({"profile": profile.name, "gpus": args.gpus, "load_qpm": args.load_qpm, "slo_s": slo,
-                          "light": c.light, "heavy": c.heavy, **plan.to_dict()}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "profile": profile.name,
+                    "gpus": args.gpus,
+                    "load_qpm": args.load_qpm,
+                    "slo_s": slo,
+                    "light": c.light,
+                    "heavy": c.heavy,
+                    **plan.to_dict(),
+                },
+                indent=2,
+            )
+        )
         return 0
-    print(f"{profile.name} on {profile.gpu}: {args.gpus} GPUs, load {args.load_qpm:g} QPM "
-          f"(x {settings.solver.overprovision * args.margin:g} = {plan.demand_qpm:.1f} planned), SLO {slo:g} s; "
-          f"cascade MILP via {plan.backend}, {plan.solve_s * 1000:.1f} ms")
+    print(
+        f"{profile.name} on {profile.gpu}: {args.gpus} GPUs, load {args.load_qpm:g} QPM "
+        f"(x {settings.solver.overprovision * args.margin:g} = {plan.demand_qpm:.1f} planned), SLO {slo:g} s; "
+        f"cascade MILP via {plan.backend}, {plan.solve_s * 1000:.1f} ms"
+    )
     print(f"light {c.light}: {plan.x_light} workers, batch {plan.b_light}, capacity {plan.capacity_light_qpm:.1f} QPM")
     print(f"heavy {c.heavy}: {plan.x_heavy} workers, batch {plan.b_heavy}, capacity {plan.capacity_heavy_qpm:.1f} QPM")
-    print(f"threshold t = {plan.threshold:g}; deferred f(t) = {plan.deferral:.3f}; latency bound use "
-          f"{plan.latency_s:.2f} s of {slo:g} s")
+    print(
+        f"threshold t = {plan.threshold:g}; deferred f(t) = {plan.deferral:.3f}; latency bound use "
+        f"{plan.latency_s:.2f} s of {slo:g} s"
+    )
     if plan.saturated:
         tail = "" if plan.feasible else "; latency bound not met"
         print(f"SATURATED: short by {plan.shortfall_qpm:.1f} QPM{tail}")
