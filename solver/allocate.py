@@ -31,8 +31,9 @@ On top of the optimum:
 from __future__ import annotations
 
 import math
+import numbers
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -99,12 +100,14 @@ def level_data(levels: Sequence[ApproxLevel]) -> LevelData:
 
 
 def worker_ids(workers: int | Sequence[str]) -> list[str]:
-    if isinstance(workers, bool) or not isinstance(workers, int | Sequence) or isinstance(workers, str):
+    if isinstance(workers, bool | str | bytes):
         raise ConfigError(f"workers: expected a count or a list of worker ids, got {workers!r}")
-    if isinstance(workers, int):
+    if isinstance(workers, numbers.Integral):
         if workers < 0:
             raise ConfigError(f"workers: must be >= 0, got {workers}")
-        return [f"w{i}" for i in range(workers)]
+        return [f"w{i}" for i in range(int(workers))]
+    if not isinstance(workers, Iterable):
+        raise ConfigError(f"workers: expected a count or a list of worker ids, got {workers!r}")
     ids = [str(w) for w in workers]
     if len(set(ids)) != len(ids):
         raise ConfigError("workers: duplicate worker ids")

@@ -205,6 +205,9 @@ def test_no_workers():
         ({"margin": 0.5}, "margin"),
         ({"switch_tolerance": 2}, "switch_tolerance"),
         ({"workers": -3}, "workers"),
+        ({"workers": 2.5}, "workers"),
+        ({"workers": "w0"}, "workers"),
+        ({"workers": ["a", "a"]}, "workers"),
         ({"current": {"w0": "nope"}}, "current"),
     ],
 )
