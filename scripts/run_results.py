@@ -103,6 +103,21 @@ def main() -> int:
             res.summaries[f"{label} (SM)"] = summary
             res.minutes[f"{label} (SM)"] = sm_res.minutes[label]
             res.results[f"{label} (SM)"] = sm_res.results[label]
+        # the allocation plans capacity = predicted demand (Eq. 1); the same policies with 20% headroom
+        hr_spec = ReplaySpec(
+            trace=trace,
+            gpus=8,
+            quality=args.quality,
+            classifier=args.classifier,
+            seed=0,
+            policies=["argus", "pac", "proteus"],
+            policy_options={"margin": 1.2},
+        )
+        hr_res = run_replay(hr_spec)
+        for label, summary in hr_res.summaries.items():
+            res.summaries[f"{label} margin 1.2"] = summary
+            res.minutes[f"{label} margin 1.2"] = hr_res.minutes[label]
+            res.results[f"{label} margin 1.2"] = hr_res.results[label]
         wall = time.perf_counter() - t0
         if args.keep:
             write_outputs(res, Path(args.keep) / key)
