@@ -158,8 +158,8 @@ class Service:
         )
         self.workers = [
             ServiceWorker(
-                f"local-{i}",
-                self.dispatch.queue,
+                self._worker_id(i),
+                self._worker_queue(i),
                 self.store,
                 self.factory,
                 heartbeat_s=cfg.heartbeat_s,
@@ -170,6 +170,28 @@ class Service:
             for i in range(cfg.workers)
         ]
         self.started = False
+
+    def _worker_id(self, i: int) -> str:
+        if self.config.redis_url:
+            import socket
+
+            return f"{socket.gethostname()}-local-{i}"
+        return f"local-{i}"
+
+    def _worker_queue(self, i: int) -> Any:
+        """Embedded: the shared in-process queue; Redis: one connection (consumer) per worker."""
+        if not self.config.redis_url:
+            return self.dispatch.queue
+        from argusdiff.service.redis_queue import RedisWorkQueue
+
+        cfg = self.config
+        return RedisWorkQueue(
+            cfg.redis_url,
+            namespace=cfg.namespace,
+            consumer=self._worker_id(i),
+            result_ttl_s=cfg.result_ttl_s,
+            claim_idle_s=max(60.0, 10 * cfg.worker_timeout_s),
+        )
 
     def _probe_latent_cache(self) -> None:
         """A background probe (ARGUS §4.6): an index lookup of a random unit vector, then a fetch of

@@ -123,7 +123,8 @@ class Dispatch:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._waiters: dict[str, asyncio.Future] = {}
         self.healthy = True
-        self.on_result: Callable[[WorkResult], None] | None = None  # metrics hook (event loop thread)
+        # bookkeeping hook for EVERY finished item, awaited or not (event-loop thread)
+        self.on_done: Callable[[str, dict], None] | None = None
 
     @property
     def queue(self) -> Any:  # the synchronous WorkQueue (control loop, in-process workers)
@@ -152,12 +153,14 @@ class Dispatch:
         for rid in request_ids:
             self._waiters.pop(rid, None)
 
-    def _resolve(self, request_id: str, result: WorkResult) -> None:
-        if self.on_result is not None:
+    def _done(self, request_id: str, summary: dict) -> None:
+        if self.on_done is not None:
             try:
-                self.on_result(result)
-            except Exception:  # metrics must never break delivery
+                self.on_done(request_id, summary)
+            except Exception:  # bookkeeping must never break delivery
                 log.exception("result hook failed")
+
+    def _resolve(self, request_id: str, result: WorkResult) -> None:
         fut = self._waiters.pop(request_id, None)
         if fut is not None and not fut.done():
             fut.set_result(result)
@@ -199,7 +202,13 @@ class LocalDispatch(Dispatch):
         loop = self.loop
         if loop is not None and not loop.is_closed():
             with contextlib.suppress(RuntimeError):  # loop shutting down
-                loop.call_soon_threadsafe(self._resolve, request_id, result)
+                loop.call_soon_threadsafe(self._finished, request_id, result)
+
+    def _finished(self, request_id: str, result: WorkResult) -> None:
+        from argusdiff.service.redis_queue import summarize
+
+        self._done(request_id, summarize(result))
+        self._resolve(request_id, result)
 
     async def enqueue(self, items: list[WorkItem], record: tuple[str, dict, float]) -> None:
         rid, data, _ttl = record
@@ -276,9 +285,11 @@ class RedisDispatch(Dispatch):
                     self.healthy = True
                     log.info("redis is reachable again")
                     await self._catch_up()
-                self._last_id, ids = await self.aio.read_done(self._last_id, block_ms=500)
+                self._last_id, done = await self.aio.read_done(self._last_id, block_ms=500)
                 backoff = 0.05
-                wanted = [rid for rid in ids if rid in self._waiters]
+                for rid, summary in done:
+                    self._done(rid, summary)
+                wanted = [rid for rid, _ in done if rid in self._waiters]
                 if wanted:
                     for rid, res in (await self.aio.fetch_results(wanted)).items():
                         self._resolve(rid, res)

@@ -34,9 +34,24 @@ from redis.exceptions import RedisError, ResponseError
 from argusdiff.service.errors import QueueUnavailable
 from workers.executor import WorkItem, WorkResult
 
-__all__ = ["AsyncRedisDispatch", "RedisKeys", "RedisWorkQueue"]
+__all__ = ["AsyncRedisDispatch", "RedisKeys", "RedisWorkQueue", "summarize"]
 
 DONE_MAXLEN = 100_000
+
+
+def summarize(result: WorkResult) -> dict[str, Any]:
+    """What the router's bookkeeping needs of a finished item (no image)."""
+    t = result.timings or {}
+    return {
+        "level": result.level,
+        "ok": result.ok,
+        "error_type": result.error_type,
+        "cache_error": bool(result.cache_error) or result.error_type == "CacheUnavailable",
+        "cache_hit": result.cache_hit,
+        "lookup_s": float(t.get("cache_lookup_s", 0.0)),
+        "fetch_s": float(t.get("latent_fetch_s", 0.0)),
+        "finished_s": result.finished_s,
+    }
 
 
 class RedisKeys:
@@ -210,7 +225,12 @@ class RedisWorkQueue:
         def _result():
             pipe = self.r.pipeline(transaction=True)
             pipe.set(self.keys.result(request_id), json.dumps(result.to_dict()), px=self.result_ttl_ms)
-            pipe.xadd(self.keys.done, {"id": request_id}, maxlen=DONE_MAXLEN, approximate=True)
+            pipe.xadd(
+                self.keys.done,
+                {"id": request_id, "summary": json.dumps(summarize(result))},
+                maxlen=DONE_MAXLEN,
+                approximate=True,
+            )
             pipe.execute()
 
         self._call(_result)
@@ -447,14 +467,16 @@ class AsyncRedisDispatch:
         raws = await self._do(self.r.mget([self.keys.result(r) for r in request_ids]))
         return {rid: WorkResult.from_dict(json.loads(raw)) for rid, raw in zip(request_ids, raws, strict=True) if raw}
 
-    async def read_done(self, last_id: str, block_ms: int = 1000) -> tuple[str, list[str]]:
+    async def read_done(self, last_id: str, block_ms: int = 1000) -> tuple[str, list[tuple[str, dict]]]:
+        """Finished requests after ``last_id``: (new last id, [(request id, summary)])."""
         res = await self._do(self.listen_r.xread({self.keys.done: last_id}, count=1000, block=block_ms))
-        ids: list[str] = []
+        done: list[tuple[str, dict]] = []
         for _stream, entries in res or []:
             for entry_id, fields in entries:
                 last_id = _decode(entry_id)
-                ids.append(_decode(fields.get(b"id") or fields.get("id")))
-        return last_id, ids
+                raw = fields.get(b"summary") or fields.get("summary")
+                done.append((_decode(fields.get(b"id") or fields.get("id")), json.loads(raw) if raw else {}))
+        return last_id, done
 
     async def last_done_id(self) -> str:
         rows = await self._do(self.r.xrevrange(self.keys.done, count=1))

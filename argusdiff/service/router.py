@@ -116,7 +116,7 @@ class Router:
             max_prompt_chars=config.max_prompt_chars,
             max_slo_s=config.max_slo_s,
         )
-        dispatch.on_result = self.on_result
+        dispatch.on_done = self.on_done
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -310,30 +310,29 @@ class Router:
             raise
         return list(done)
 
-    def on_result(self, result: WorkResult) -> None:
-        """Bookkeeping for a finished work item (event-loop thread)."""
+    def on_done(self, request_id: str, s: dict) -> None:
+        """Bookkeeping for a finished work item (event-loop thread); ``s`` is its summary."""
         now = self.clock()
-        fl = self.inflight.pop(result.request_id, None)
-        level = result.level or (fl.level if fl else "unknown")
+        fl = self.inflight.pop(request_id, None)
+        level = s.get("level") or (fl.level if fl else "unknown")
+        ok = bool(s.get("ok"))
         if fl is not None:
             self.level_load[fl.level] = max(0, self.level_load[fl.level] - 1)
             self.metrics.queue_depth.labels(fl.level).set(self.level_load[fl.level])
             self.metrics.latency.labels(level).observe(max(0.0, now - fl.arrival_s))
             if now > fl.deadline_s:
                 self.metrics.slo_violations.labels(level).inc()
-            ok_slo = now <= fl.deadline_s
-            self.policy.on_served(level, now - fl.arrival_s, ok_slo and result.ok)
+            self.policy.on_served(level, now - fl.arrival_s, ok and now <= fl.deadline_s)
         self.completed += 1
-        self.metrics.requests.labels(level, "ok" if result.ok else "error").inc()
-        t = result.timings or {}
-        lookup = float(t.get("cache_lookup_s", 0.0)) + float(t.get("latent_fetch_s", 0.0))
-        cache_error = result.error_type == "CacheUnavailable" or bool(getattr(result, "cache_error", None))
-        if cache_error:
+        self.metrics.requests.labels(level, "ok" if ok else "error").inc()
+        lookup = float(s.get("lookup_s", 0.0)) + float(s.get("fetch_s", 0.0))
+        if s.get("cache_error"):
             self.cache_health.record(None, error=True)
             self.metrics.cache_lookups.labels("error").inc()
-        elif t.get("cache_lookup_s", 0.0) > 0:
-            self.cache_health.record(lookup, hit=result.cache_hit)
-            self.metrics.cache_lookups.labels("hit" if result.cache_hit else "miss").inc()
+        elif s.get("lookup_s", 0.0) > 0:
+            hit = bool(s.get("cache_hit"))
+            self.cache_health.record(lookup, hit=hit)
+            self.metrics.cache_lookups.labels("hit" if hit else "miss").inc()
             self.metrics.cache_lookup.observe(lookup)
             self.metrics.cache_hit_ratio.set(self.cache_health.hit_ratio())
 
