@@ -19,9 +19,6 @@ class _Static(Policy):
 
     def _level(self) -> str:
         levels = self.profile.levels
-        if self.profile.strategies == {Strategy.AC}:
-            # every AC level shares one model; K > 0 needs a cache, so the static AC baselines pin K
-            return levels[-1].id if self._fastest else levels[0].id
         return levels[-1].id if self._fastest else levels[0].id
 
     def plan(self, stats: ClusterStats) -> Plan:

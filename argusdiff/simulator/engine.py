@@ -15,7 +15,8 @@ Virtual clock, deterministic for a seed. The mechanism modelled here:
   (MiniLM cosine ≥ ``cache_min_similarity``, or an exact repeat when no embeddings are given);
   on a miss or while the cache store is down (lookup fails after ``cache_timeout_s``) it runs at
   K = 0. Every request served on the AC model stores its latents (the cache fills as prompts are
-  served; a prompt counts as cached from its dispatch).
+  served; a prompt counts as cached from its dispatch; ``cache_prefill`` caches a share of the
+  prompt set before the trace starts).
 * **Cascades**: a policy with ``cascade = True`` sends requests to the light level; after the light
   batch and the discriminator, a prompt whose confidence is below the plan's threshold is handed
   to the policy's ``route_heavy`` at that moment.
@@ -34,7 +35,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -272,7 +273,6 @@ class Simulator:
         last_tick_i = 0
         period = cfg.period_s
         route = policy.route
-        quality_of = wl.quality
         report_every = max(1, n // 200)
         optimal = wl.optimal
         cur_opt: np.ndarray | None = None
@@ -327,7 +327,6 @@ class Simulator:
             i += 1
             if self.progress is not None and i % report_every == 0:
                 self.progress(i / n)
-        del quality_of
         end = max([b[B_FINISH] for b in self.busy] + [self.now, float(arr[-1]) if n else 0.0])
         for w in range(G):
             if self.up[w]:
@@ -388,9 +387,9 @@ class Simulator:
         lo = t - period
         for s, e in self.cache_down:
             down += max(0.0, min(e, t) - max(s, lo))
-        err = down / period if t > 0 else (0.0 if self.cache_up(t) else 1.0)
+        err = down / period
         if not self.cache_up(t):
-            err = max(err, 1.0 if t == 0 else err)
+            err = 1.0  # the probes at this tick fail
         cache_latency = self.cfg.cache_latency_s if self.cache_up(t) else self.cfg.cache_timeout_s
         level_queue: dict[str, int] = {}
         for w in ups:
@@ -634,11 +633,3 @@ def simulate(
 ) -> SimResult:
     """Replay ``workload`` through ``policy`` on a simulated cluster."""
     return Simulator(policy, workload, config, progress=progress).run()
-
-
-def catalog_profiles(policy: Policy) -> Sequence[Profile]:
-    out = [policy.profile]
-    fb = getattr(policy.options, "fallback", None)
-    if fb is not None:
-        out.append(fb)
-    return out
