@@ -82,6 +82,7 @@ def s3_env():
         mp.undo()
         if started_dir is not None:
             subprocess.run(["bash", str(_SCRIPT), "stop", started_dir], capture_output=True, timeout=120)
+            shutil.rmtree(started_dir, ignore_errors=True)
 
 
 @pytest.fixture
