@@ -183,3 +183,28 @@ def test_argus_plus_admission_beats_argus_under_bursts(profiles, all_profiles_wo
     assert plus["slo_violation_ratio"] < argus["slo_violation_ratio"]
     assert plus["slo_violation_ratio"] <= no_adm["slo_violation_ratio"]
     assert plus["best_effort"] >= 0
+
+
+def test_argus_plus_serves_hopeless_requests_best_effort_at_the_fastest_level(profiles):
+    sm = profiles["sm"]
+    pol = make_policy("argus+", sm, rng=np.random.default_rng(0), config={"slo_s": 12.6})
+    plan = pol.static_plan(ClusterStats(now_s=0.0, period_s=60.0, arrivals=0, workers=("w0", "w1")), sm.best.id)
+    plan = type(plan)(
+        **{
+            **{f: getattr(plan, f) for f in plan.__dataclass_fields__},
+            "assignment": {"w0": sm.best.id, "w1": sm.fastest.id},
+        }
+    )
+    req = Request(id="r", prompt="p", arrival_s=0.0)
+    # both workers are backed up far beyond the deadline: no level can make it
+    view = RouteView(
+        now_s=0.0, queue_lengths={"w0": 50, "w1": 50}, busy_until={"w0": 200.0, "w1": 100.0}, optimal_level=sm.best.id
+    )
+    a = pol.route(req, plan, view)
+    assert a.best_effort and a.level == sm.fastest.id and a.worker == "w1"
+    # the best worker would be late but the fast one is free: moved to the faster level, in time
+    view = RouteView(
+        now_s=0.0, queue_lengths={"w0": 50, "w1": 0}, busy_until={"w0": 200.0, "w1": 0.0}, optimal_level=sm.best.id
+    )
+    a = pol.route(req, plan, view)
+    assert not a.best_effort and a.level == sm.fastest.id and a.worker == "w1"

@@ -86,3 +86,24 @@ def test_help_does_not_import_heavy_modules():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+def test_quality_sources_diffserve_and_measured_file(tmp_path, capsys):
+    rc = main(["replay", *SMALL, "--policies", "diffserve", "--quality", "diffserve", "--json"])
+    assert rc == 0
+    prov = json.loads(capsys.readouterr().out)["provenance"]
+    assert "DiffServe artifact" in prov["cascade_confidence"]
+
+    from argusdiff.profile import load_profile
+    from traces.prompts import builtin_prompts
+    from traces.synthetic import synthetic_quality_table
+
+    sm = load_profile("sm-a100")
+    table = synthetic_quality_table(builtin_prompts().head(50), sm, seed=3)
+    path = tmp_path / "quality.csv"
+    table.to_csv(path)
+    rc = main(["replay", *SMALL, "--policies", "proteus,clipper-ht", "--quality", str(path), "--json"])
+    assert rc == 0
+    data = json.loads(capsys.readouterr().out)
+    assert "50 prompts" in data["provenance"]["prompts"]
+    assert data["policies"]["proteus"]["requests"] > 0
