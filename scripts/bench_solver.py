@@ -12,6 +12,8 @@ For 8, 64, 256, 1024 and 10,000 workers x 6 and 12 levels it prints the median w
 * ``oda``          ODA -> PASM
 * ``exact+oda``    allocation + PASM, the number the targets are about
 
+followed by the cascade MILP's median solve time on the three shipped cascades.
+
 Levels: 6 = the shipped ``sdxl-ac-a100`` profile; 12 = the same SD-XL latency model with
 K in {0, 4, ..., 44} (0.2 s + (50 - K) * 0.08 s) and a smooth quality curve. Demand: 75% of the
 way from the all-best to the all-fastest capacity, so plans mix levels. Every formulation's
@@ -136,6 +138,28 @@ def oda_study(n: int, levels: int = 6, seed: int = 0) -> int:
     return 0
 
 
+def cascade_times(repeats: int, have_gurobi: bool) -> None:
+    """Median solve time of DiffServe's cascade MILP on the shipped cascades (16 workers)."""
+    from solver.cascade import solve_cascade
+
+    print("# cascade MILP (DiffServe Eq. 1-5), 16 workers, 201-point f(t) grid, median ms")
+    print(f"{'profile':<24} {'load QPM':>8} {'highs':>8} {'gurobi':>8} {'t':>6}")
+    for name, load in (("cascade-sdturbo-sdv15", 1500), ("cascade-sdxs-sdv15", 1500), ("cascade-sdxlltn-sdxl", 300)):
+        p = load_profile(name)
+        c = p.cascade
+        light, heavy = p.level(c.light), p.level(c.heavy)
+        cells = {}
+        plan = None
+        for be in ("highs", "gurobi"):
+            if be == "gurobi" and not have_gurobi:
+                cells[be] = "n/a"
+                continue
+            args = (c, light, heavy, 16, load, p.default_slo_s())
+            t, plan = median_time(lambda a=args, b=be: solve_cascade(*a, backend=b), repeats)
+            cells[be] = f"{t * 1000:.1f}"
+        print(f"{name:<24} {load:>8} {cells['highs']:>8} {cells['gurobi']:>8} {plan.threshold:>6g}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=7)
@@ -178,6 +202,7 @@ def main(argv=None) -> int:
         "solve falls back to HiGHS.  skipped: paper formulation on HiGHS above --paper-max-vars columns "
         "(its symmetric binaries make HiGHS take tens of seconds)."
     )
+    cascade_times(args.repeats, have_gurobi)
     return 1 if failures else 0
 
 
