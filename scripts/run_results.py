@@ -5,7 +5,9 @@ Traces:
     (read from ../shared/data/traces, or --twitter FILE);
   * Azure-shape: the Azure Functions 2019 hourly shape scaled to 40..200 QPM over 6 h;
   * bursty: Poisson, alternating 40 / 160 QPM every 5 min, 2 h;
-  * diagonal: the ARGUS stress ramp 50 -> 600 QPM over 800 min.
+  * diagonal: the ARGUS stress ramp 50 -> 600 QPM over 800 min;
+  * faults: the Azure shape at 40..160 QPM with half the workers off for 40 min twice and a
+    30-minute cache-store outage.
 
 Usage: python scripts/run_results.py [--out docs/results.md] [--keep DIR] [--twitter FILE]
 Quality: SYNTHETIC tables (traces.synthetic) unless --quality FILE; the classifier is the oracle
@@ -47,7 +49,7 @@ def main() -> int:
     ap.add_argument("--twitter", default=str(SHARED / "data" / "traces" / "twitter_proteus_normal-high_load_300.txt"))
     ap.add_argument("--quality", default="synthetic")
     ap.add_argument("--classifier", default=None)
-    ap.add_argument("--traces", default="twitter,azure,bursty,diagonal")
+    ap.add_argument("--traces", default="twitter,azure,bursty,diagonal,faults")
     args = ap.parse_args()
 
     from argusdiff.replay import ReplaySpec, run_replay
@@ -82,9 +84,18 @@ def main() -> int:
             "diagonal ramp 50 -> 600 QPM over 800 min (ARGUS stress trace)",
         )
 
+    if "faults" in wanted:
+        traces["faults"] = (
+            "diurnal:shape=azure,low=40,high=160,duration=6h",
+            "Azure shape 40..160 QPM over 6 h with ARGUS §5.6 faults: half the workers off for 40 min at "
+            "1.5 h and 3.6 h, and the cache store down for 30 min at 5 h",
+        )
     sections = []
     for key, (trace, desc) in traces.items():
-        spec = ReplaySpec(trace=trace, gpus=8, quality=args.quality, classifier=args.classifier, ablation=True, seed=0)
+        faults = "argus;cache@5h+30m" if key == "faults" else None
+        spec = ReplaySpec(
+            trace=trace, gpus=8, quality=args.quality, classifier=args.classifier, ablation=True, seed=0, faults=faults
+        )
         t0 = time.perf_counter()
         res = run_replay(spec)
         # ARGUS, argus+ and PAC on the smaller-model ladder too (the AC profile caps 8 workers at
@@ -93,6 +104,7 @@ def main() -> int:
             trace=trace,
             gpus=8,
             quality=args.quality,
+            faults=faults,
             classifier=args.classifier,
             seed=0,
             profile="sm-a100",
@@ -108,6 +120,7 @@ def main() -> int:
             trace=trace,
             gpus=8,
             quality=args.quality,
+            faults=faults,
             classifier=args.classifier,
             seed=0,
             policies=["argus", "pac", "proteus"],
@@ -131,6 +144,7 @@ def main() -> int:
             f"### {key}: {desc}\n\n{p['requests']} requests; SLO {p['slo_s']:.1f} s; **{quality}**; "
             f"classifier: {p['classifier']}; cache similarity: {p['cache_similarity']}, cache prefilled with "
             f"{100 * p['cache_prefill']:.0f}% of the prompts; cascade confidences: {p['cascade_confidence']}. "
+            f"{'Faults: `' + p['faults'] + '`. ' if p['faults'] else ''}"
             f"(replayed in {wall:.0f} s)\n\n{md_table(res)}\n"
         )
         print(f"{key}: done in {wall:.0f} s", flush=True)

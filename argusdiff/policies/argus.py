@@ -232,7 +232,7 @@ class Argus(Policy):
             # §4.6: serve at K = 0 at once on the loaded model until the plan switches to SM
             # every AC level shares the model, so any planned worker can run K = 0
             level = plan.levels[0]
-            worker = select_worker(list(plan.assignment), view, self._lat[0])
+            worker = select_worker([w for ws in r.workers for w in ws], view, self._lat[0])
             return Assignment(level=level, worker=worker, optimal_level=view.optimal_level, reason="cache degraded")
         worker = select_worker(r.workers[j], view, self._lat[j])
         return Assignment(level=level, worker=worker, optimal_level=view.optimal_level)

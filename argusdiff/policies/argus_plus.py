@@ -59,7 +59,7 @@ class ArgusPlus(Argus):
         if max(now, bu.get(a.worker, now)) + self._lat[j] <= deadline:
             return a
         ac = plan.strategy is Strategy.AC
-        all_workers = list(plan.assignment) if ac else None
+        all_workers = [w for ws in r.workers for w in ws] if ac else None
         hit_ok = True
         if ac:
             from cache.policy import k_for_similarity
@@ -81,14 +81,19 @@ class ArgusPlus(Argus):
                     optimal_level=a.optimal_level,
                     reason="deadline: moved to a faster level",
                 )
-        # hopeless: best effort at the fastest level this prompt can use, on the worker that frees first
-        k = (n - 1) if (not ac or hit_ok) else 0
-        workers = all_workers if ac else (r.workers[k] or [w for ws in r.workers for w in ws])
+        # hopeless: best effort at the fastest level this prompt can use that has workers (on AC a
+        # cache miss runs at K = 0 anyway), on the worker that frees first
+        if ac:
+            k = (n - 1) if hit_ok else 0
+            workers = all_workers
+        else:
+            k = max((i for i in range(n) if r.workers[i]), default=j)
+            workers = r.workers[k]
         if not workers:
             return a
         w = min(workers, key=lambda x: bu.get(x, now))
         return Assignment(
-            level=plan.levels[k] if (ac or r.workers[k]) else a.level,
+            level=plan.levels[k],
             worker=w,
             optimal_level=a.optimal_level,
             best_effort=True,
