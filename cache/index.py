@@ -172,6 +172,9 @@ class HnswIndex:
     """HNSW graph (hnswlib, cosine) in memory; SQLite on disk is the source of truth.
 
     ``path`` is a folder (``index.sqlite`` inside) or None for a throw-away in-memory index.
+    One process at a time may open a folder for writing (an exclusive ``flock`` on ``lock``): the
+    graph lives in that process's memory, so a second writer would silently diverge. Use
+    ``read_only=True`` to inspect a folder another process is serving from (a snapshot of it).
     """
 
     def __init__(
@@ -183,6 +186,7 @@ class HnswIndex:
         ef_construction: int = 200,
         ef_search: int = 64,
         build_threads: int = 1,
+        read_only: bool = False,
     ) -> None:
         import hnswlib
 
@@ -193,6 +197,8 @@ class HnswIndex:
         self._threads = int(build_threads)
         self._lock = threading.RLock()
         self._snapshot: Path | None = None
+        self._lock_fh = None
+        self.read_only = bool(read_only)
         if path is None:
             db = ":memory:"
             self.description = "hnsw:memory"
@@ -201,6 +207,8 @@ class HnswIndex:
             folder.mkdir(parents=True, exist_ok=True)
             db = str(folder / "index.sqlite")
             self._snapshot = folder / "graph.hnsw"
+            if not self.read_only:
+                self._take_lock(folder)
             self.description = f"hnsw:{folder}"
         self._db = sqlite3.connect(db, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA foreign_keys = ON")
@@ -316,6 +324,7 @@ class HnswIndex:
 
     def add_many(self, items: Sequence[tuple[str, np.ndarray, str, Mapping[int, int], float]]) -> None:
         """Index many ``(prompt_id, embedding, model, sizes, now_s)`` in one transaction."""
+        self._writable()
         rows = []
         for prompt_id, embedding, model, sizes, now_s in items:
             if not sizes:
@@ -404,6 +413,7 @@ class HnswIndex:
             return None if row is None else row.entry(prompt_id)
 
     def record_hit(self, prompt_id: str, k: int, now_s: float) -> None:
+        self._writable()
         with self._lock:
             row = self._rows.get(prompt_id)
             if row is None or k not in row.latents:
@@ -416,6 +426,7 @@ class HnswIndex:
             row.latents[k][2] = float(now_s)
 
     def remove_latents(self, prompt_id: str, ks: Sequence[int]) -> None:
+        self._writable()
         with self._lock:
             row = self._rows.get(prompt_id)
             if row is None:
@@ -427,6 +438,7 @@ class HnswIndex:
                 self.remove(prompt_id)
 
     def remove(self, prompt_id: str) -> None:
+        self._writable()
         with self._lock:
             row = self._rows.pop(prompt_id, None)
             self._db.execute("DELETE FROM prompts WHERE prompt_id = ?", (prompt_id,))
@@ -448,20 +460,47 @@ class HnswIndex:
             ]
 
     def clear(self) -> None:
+        self._writable()
         with self._lock:
             self._db.execute("DELETE FROM latents")
             self._db.execute("DELETE FROM prompts")
             self._graph = self._new_graph(1024)
             self._rows, self._labels = {}, {}
 
+    def _take_lock(self, folder: Path) -> None:
+        import fcntl
+
+        fh = open(folder / "lock", "a+")  # noqa: SIM115 - held until close()
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            fh.close()
+            raise ConfigError(
+                f"cache index at {folder} is in use by another process (or another open index in this "
+                "one); close it first, or open it read-only to inspect it"
+            ) from None
+        self._lock_fh = fh
+
+    def _release_lock(self) -> None:
+        if self._lock_fh is not None:
+            self._lock_fh.close()  # closing the file releases the flock
+            self._lock_fh = None
+
+    def _writable(self) -> None:
+        if self.read_only:
+            raise ConfigError(f"{self.description} is open read-only")
+
     def close(self) -> None:
-        """Save the graph snapshot (so the next open skips the rebuild) and close SQLite."""
+        """Save the graph snapshot (so the next open skips the rebuild), close SQLite, unlock."""
         with self._lock:
             try:
-                self._save_snapshot()
+                if not self.read_only:
+                    self._save_snapshot()
+                self._db.close()
             except sqlite3.ProgrammingError:  # already closed
-                return
-            self._db.close()
+                pass
+            finally:
+                self._release_lock()
 
 
 # --- Qdrant -------------------------------------------------------------------------------------

@@ -83,8 +83,10 @@ class LatentCache:
 
     # -- construction ---------------------------------------------------------------------------
     @classmethod
-    def from_config(cls, config: CacheConfig) -> LatentCache:
-        """The cache a :class:`~argusdiff.config.CacheConfig` describes (creates folders/bucket)."""
+    def from_config(cls, config: CacheConfig, *, read_only: bool = False) -> LatentCache:
+        """The cache a :class:`~argusdiff.config.CacheConfig` describes (creates folders/bucket).
+        ``read_only`` opens an HNSW index without taking its writer lock (to inspect a cache
+        another process serves from)."""
         root = Path(config.path).expanduser()
         try:
             if config.index == "hnsw":
@@ -94,6 +96,7 @@ class LatentCache:
                     m=config.hnsw_m,
                     ef_construction=config.hnsw_ef_construction,
                     ef_search=config.hnsw_ef_search,
+                    read_only=read_only,
                 )
             else:
                 index = QdrantIndex(

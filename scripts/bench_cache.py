@@ -106,6 +106,7 @@ def bench_lookup(sizes: list[int], queries: int, qdrant_max: int, seed: int) -> 
             reopen_s = time.perf_counter() - t0
             assert len(idx) == n and idx.opened_from == "snapshot"
             idx._db.close()  # as after a crash: no fresh snapshot
+            idx._release_lock()
             (Path(tmp) / "hnsw" / "graph.hnsw").unlink()
             t0 = time.perf_counter()
             idx = HnswIndex(Path(tmp) / "hnsw", DIM)  # graph rebuilt from SQLite

@@ -226,7 +226,8 @@ def test_hnsw_reopen_uses_the_snapshot_only_when_sqlite_matches(tmp_path):
     assert len(idx) == 29 and idx.nearest(vecs[3])[0].prompt_id != ids[3]
     assert idx.nearest(vecs[7])[0].prompt_id == ids[7]
     idx.add_many([(pid, v, "m", {5: 1}, 0.0) for pid, v in zip(ids[30:], vecs[30:], strict=True)])
-    idx._db.close()  # a crash: no snapshot of the new prompts
+    idx._db.close()  # a crash: no snapshot of the new prompts (the OS drops the lock)
+    idx._release_lock()
 
     idx = HnswIndex(tmp_path / "i", DIM)
     assert idx.opened_from == "rebuild"  # SQLite moved on: the stale snapshot is ignored
@@ -236,3 +237,21 @@ def test_hnsw_reopen_uses_the_snapshot_only_when_sqlite_matches(tmp_path):
     idx = HnswIndex(tmp_path / "i", DIM)
     assert idx.opened_from == "rebuild" and idx.nearest(vecs[35])[0].prompt_id == ids[35]
     idx.close()
+
+
+def test_hnsw_folder_has_one_writer_and_read_only_readers(tmp_path):
+    rng = np.random.default_rng(11)
+    writer = HnswIndex(tmp_path / "i", DIM)
+    pid = new_prompt_id()
+    writer.add(pid, _unit(rng)[0], model="m", sizes={5: 1}, now_s=0)
+    with pytest.raises(ConfigError, match="in use by another process"):
+        HnswIndex(tmp_path / "i", DIM)
+    reader = HnswIndex(tmp_path / "i", DIM, read_only=True)
+    assert reader.get(pid) is not None and len(reader) == 1
+    with pytest.raises(ConfigError, match="read-only"):
+        reader.add(new_prompt_id(), _unit(rng)[0], model="m", sizes={5: 1}, now_s=0)
+    with pytest.raises(ConfigError, match="read-only"):
+        reader.remove(pid)
+    reader.close()
+    writer.close()
+    HnswIndex(tmp_path / "i", DIM).close()  # the lock went with close()

@@ -69,10 +69,10 @@ def _settings(args: argparse.Namespace):
     return settings
 
 
-def _open(args: argparse.Namespace):
+def _open(args: argparse.Namespace, *, read_only: bool = False):
     from cache.latent_cache import LatentCache
 
-    return LatentCache.from_config(_settings(args).cache)
+    return LatentCache.from_config(_settings(args).cache, read_only=read_only)
 
 
 def _human(n: float) -> str:
@@ -84,7 +84,7 @@ def _human(n: float) -> str:
 
 
 def run_stats(args: argparse.Namespace) -> int:
-    with _open(args) as cache:
+    with _open(args, read_only=True) as cache:
         usage = cache.usage()
         usage["cache"] = cache.description
         usage["thresholds"] = [list(t) for t in cache.policy.thresholds]
@@ -105,7 +105,7 @@ def run_stats(args: argparse.Namespace) -> int:
 def run_ls(args: argparse.Namespace) -> int:
     if args.limit < 0:
         raise ConfigError(f"--limit must be >= 0 (got {args.limit})")
-    with _open(args) as cache:
+    with _open(args, read_only=True) as cache:
         entries = list(cache.entries())
     key = {"hits": lambda e: e.hits, "created": lambda e: e.created_s, "size": lambda e: e.size_bytes}[args.sort]
     entries.sort(key=key, reverse=True)
