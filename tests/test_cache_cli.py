@@ -118,3 +118,12 @@ def test_warm_fills_the_cache_with_the_demo_pipeline(tmp_path, capsys, monkeypat
     assert main(["cache", "stats", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["prompts"] == 2 and out["latents"] == 2 * len(out["latents_by_k"]) and out["latents_by_k"]
+
+
+def test_stats_works_while_another_writer_holds_the_cache(filled, capsys):
+    root, _ = filled
+    with LatentCache.from_config(CacheConfig(path=str(root))):
+        assert main(["cache", "stats", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["prompts"] == 3
+        assert main(["cache", "verify"]) == 2
+        assert "in use by another process" in capsys.readouterr().err
