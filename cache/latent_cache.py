@@ -227,6 +227,19 @@ class LatentCache:
             fetch_s=fetch_s,
         )
 
+    def probe(self) -> float:
+        """Health check off the request path (ARGUS §4.6): one index query with a random unit
+        vector and one store read of a key that does not exist (a healthy store answers
+        "missing"), each under the timeout. Returns the seconds taken; raises
+        :class:`CacheUnavailable`. Not counted in :attr:`stats`."""
+        t0 = time.perf_counter()
+        dim = int(getattr(self.index, "dim", 0) or 2)
+        vec = np.random.default_rng().standard_normal(dim).astype(np.float32)
+        self._call("index probe", self.index.nearest, normalise(vec), limit=1)
+        with contextlib.suppress(BlobMissing):
+            self._call("store probe", self.blobs.get, blob_key("0" * 32, 0))
+        return time.perf_counter() - t0
+
     def nearest(self, embedding: np.ndarray, *, model: str | None = None) -> Neighbor | None:
         """The most similar cached prompt (any K), e.g. for the router's view of cache similarity."""
         emb = normalise(embedding, getattr(self.index, "dim", None))

@@ -370,3 +370,17 @@ def test_lookup_scales_k_to_the_level_schedule(cache):
     assert cache.lookup(probe, 4, model="tiny-sd") is not None  # K=4 read as 4 of 50: sim > 0.65 suffices
     assert cache.lookup(probe, 4, model="tiny-sd", steps=8) is None  # 4 of 8 is half the run: needs > 0.95
     assert cache.lookup(probe, 2, model="tiny-sd", steps=8) is not None  # 2 of 8 ~ 13 of 50: needs > 0.85
+
+
+def test_probe_checks_index_and_store_without_touching_stats(tmp_path):
+    store = _SlowStore(tmp_path / "b")
+    cache = LatentCache(HnswIndex(None, DIM), store, timeout_s=0.05)
+    try:
+        assert cache.probe() >= 0
+        store.slow = True
+        with pytest.raises(CacheUnavailable, match="store probe timed out"):
+            cache.probe()
+        assert cache.stats.snapshot()["lookups"] == 0 and cache.stats.snapshot()["errors"] == 0
+    finally:
+        store.release.set()
+        cache.close()
