@@ -17,6 +17,7 @@ Both classes are thread-safe (one lock per index). Heavy imports (hnswlib, qdran
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sqlite3
@@ -242,21 +243,54 @@ class HnswIndex:
         count = self._db.execute("SELECT COUNT(*) FROM prompts").fetchone()[0]
         return f"{0 if seq is None else int(seq[0])}:{int(count)}"
 
-    def _load_snapshot(self, n: int):
-        """The graph saved by the last clean close(), if SQLite has not changed since; else None."""
+    def _load_snapshot(self, ids: list[int], embs: list[np.ndarray]):
+        """The graph saved by the last close()/checkpoint() brought up to date with SQLite.
+
+        Returns ``(graph, how)`` — ``how`` is "snapshot" when SQLite has not changed since, or
+        "snapshot+delta" when prompts added since were inserted and prompts removed since were
+        marked deleted — or None when there is no usable snapshot.
+        """
         if self._snapshot is None or not self._snapshot.is_file():
             return None
         saved = self._db.execute("SELECT value FROM meta WHERE key = 'graph_state'").fetchone()
-        if saved is None or saved[0] != self._state():
+        if saved is None:
             return None
         try:
+            saved_seq = int(saved[0].split(":")[0])
             g = self._hnswlib.Index(space="cosine", dim=self.dim)
-            g.load_index(str(self._snapshot), max_elements=max(1024, 2 * n), allow_replace_deleted=True)
+            g.load_index(str(self._snapshot), max_elements=max(1024, 2 * len(ids)), allow_replace_deleted=True)
             g.set_ef(self._ef)
             g.set_num_threads(1)
         except Exception:  # unreadable snapshot: rebuild from SQLite instead
             return None
-        return g
+        if saved[0] == self._state():
+            return g, "snapshot"
+        try:
+            live = set(ids)
+            for label in g.get_ids_list():
+                if int(label) not in live:
+                    with contextlib.suppress(RuntimeError):  # already marked deleted
+                        g.mark_deleted(int(label))
+            new = [i for i, label in enumerate(ids) if label > saved_seq]
+            if new:
+                need = g.get_current_count() + len(new)
+                if need > g.get_max_elements():
+                    g.resize_index(max(need, 2 * g.get_max_elements()))
+                g.add_items(
+                    np.vstack([embs[i] for i in new]),
+                    np.asarray([ids[i] for i in new], dtype=np.int64),
+                    num_threads=self._threads,
+                    replace_deleted=True,
+                )
+        except Exception:
+            return None
+        return g, "snapshot+delta"
+
+    def checkpoint(self) -> None:
+        """Save the graph now, so a crash later recovers from here plus the SQLite delta."""
+        self._writable()
+        with self._lock:
+            self._save_snapshot()
 
     def _save_snapshot(self) -> None:
         if self._snapshot is None:
@@ -293,9 +327,9 @@ class HnswIndex:
             ):
                 if pid in rows:
                     rows[pid].latents[int(k)] = [int(size), int(hits), float(last_use)]
-            graph = self._load_snapshot(len(ids))
-            if graph is not None and graph.get_current_count() >= len(ids):
-                self.opened_from = "snapshot"
+            loaded = self._load_snapshot(ids, embs)
+            if loaded is not None:
+                graph, self.opened_from = loaded
             else:
                 self.opened_from = "rebuild"
                 graph = self._new_graph(2 * len(ids))

@@ -227,6 +227,16 @@ class LatentCache:
             fetch_s=fetch_s,
         )
 
+    def checkpoint(self) -> bool:
+        """Persist the index's in-memory state where it has one (HNSW graph snapshot), so a crash
+        recovers from here plus the SQLite delta; e.g. from the control loop every few minutes.
+        Returns False when the index has nothing to checkpoint."""
+        fn = getattr(self.index, "checkpoint", None)
+        if fn is None:
+            return False
+        self._call("index checkpoint", fn)
+        return True
+
     def probe(self) -> float:
         """Health check off the request path (ARGUS §4.6): one index query with a random unit
         vector and one store read of a key that does not exist (a healthy store answers

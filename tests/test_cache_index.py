@@ -226,16 +226,20 @@ def test_hnsw_reopen_uses_the_snapshot_only_when_sqlite_matches(tmp_path):
     assert len(idx) == 29 and idx.nearest(vecs[3])[0].prompt_id != ids[3]
     assert idx.nearest(vecs[7])[0].prompt_id == ids[7]
     idx.add_many([(pid, v, "m", {5: 1}, 0.0) for pid, v in zip(ids[30:], vecs[30:], strict=True)])
-    idx._db.close()  # a crash: no snapshot of the new prompts (the OS drops the lock)
+    idx.remove(ids[7])
+    idx._db.close()  # a crash: no snapshot of the changes (the OS drops the lock)
     idx._release_lock()
 
     idx = HnswIndex(tmp_path / "i", DIM)
-    assert idx.opened_from == "rebuild"  # SQLite moved on: the stale snapshot is ignored
-    assert len(idx) == 39 and idx.nearest(vecs[35])[0].prompt_id == ids[35]
+    assert idx.opened_from == "snapshot+delta"  # SQLite moved on: the snapshot is brought up to date
+    assert len(idx) == 38 and idx.nearest(vecs[35])[0].prompt_id == ids[35]
+    assert idx.nearest(vecs[7])[0].prompt_id != ids[7]
+    assert {n.prompt_id for n in idx.nearest(vecs[0], limit=38)} == set(ids) - {ids[3], ids[7]}
     idx.close()
     (tmp_path / "i" / "graph.hnsw").write_bytes(b"garbage")  # a damaged snapshot is not fatal
     idx = HnswIndex(tmp_path / "i", DIM)
     assert idx.opened_from == "rebuild" and idx.nearest(vecs[35])[0].prompt_id == ids[35]
+    assert len(idx) == 38
     idx.close()
 
 

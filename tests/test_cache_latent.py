@@ -384,3 +384,21 @@ def test_probe_checks_index_and_store_without_touching_stats(tmp_path):
     finally:
         store.release.set()
         cache.close()
+
+
+def test_checkpoint_lets_a_crashed_cache_reopen_from_the_snapshot(tmp_path):
+    from argusdiff.config import CacheConfig
+
+    rng = np.random.default_rng(19)
+    cfg = CacheConfig(path=str(tmp_path / "c"), embedding_dim=DIM)
+    cache = LatentCache.from_config(cfg)
+    first = cache.store(_unit(rng), _latents([10]), META)
+    assert cache.checkpoint() is True
+    emb = _unit(rng)
+    second = cache.store(emb, _latents([10]), META)
+    cache.index._db.close()  # crash after the checkpoint
+    cache.index._release_lock()
+    with LatentCache.from_config(cfg) as again:
+        assert again.index.opened_from == "snapshot+delta"
+        assert again.lookup(emb, 10, model="tiny-sd").prompt_id == second
+        assert again.index.get(first) is not None
