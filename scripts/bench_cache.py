@@ -105,13 +105,21 @@ def bench_lookup(sizes: list[int], queries: int, qdrant_max: int, seed: int) -> 
             idx = HnswIndex(Path(tmp) / "hnsw", DIM)  # reopen after a clean close: graph snapshot
             reopen_s = time.perf_counter() - t0
             assert len(idx) == n and idx.opened_from == "snapshot"
-            idx._db.close()  # as after a crash: no fresh snapshot
+            extra = clustered(1000, rng, centres)  # 1,000 prompts stored after the snapshot, then a crash
+            idx.add_many([(new_prompt_id(), v, "m", {10: 131_000}, 0.0) for v in extra])
+            idx._db.close()
+            idx._release_lock()
+            t0 = time.perf_counter()
+            idx = HnswIndex(Path(tmp) / "hnsw", DIM)  # snapshot + the 1,000-prompt delta from SQLite
+            delta_s = time.perf_counter() - t0
+            assert len(idx) == n + 1000 and idx.opened_from == "snapshot+delta"
+            idx._db.close()  # as after a crash, and no snapshot at all
             idx._release_lock()
             (Path(tmp) / "hnsw" / "graph.hnsw").unlink()
             t0 = time.perf_counter()
             idx = HnswIndex(Path(tmp) / "hnsw", DIM)  # graph rebuilt from SQLite
             rebuild_s = time.perf_counter() - t0
-            assert len(idx) == n and idx.opened_from == "rebuild"
+            assert len(idx) == n + 1000 and idx.opened_from == "rebuild"
             idx.close()
             recall = float(np.mean([g == t for g, t in zip(got, truth, strict=True)]))
             rows.append(
@@ -123,6 +131,7 @@ def bench_lookup(sizes: list[int], queries: int, qdrant_max: int, seed: int) -> 
                     "recall": recall,
                     "build_s": build_s,
                     "reopen_s": reopen_s,
+                    "delta_s": delta_s,
                     "rebuild_s": rebuild_s,
                 }
             )
@@ -292,11 +301,14 @@ def main() -> int:
     print(f"# bench_cache on {platform.machine()} {os.cpu_count()} cores, {when}")
     print("\n## Nearest-prompt lookup (384-d, model + K filter)\n")
     lookup = bench_lookup(args.sizes, args.queries, args.qdrant_max, args.seed)
-    print("| engine | entries | p50 ms | p99 ms | recall@1 | build s | reopen s (snapshot) | reopen s (rebuild) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print(
+        "| engine | entries | p50 ms | p99 ms | recall@1 | build s | reopen s: snapshot | "
+        "snapshot + 1k delta | rebuild |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in lookup:
         build = f"{r['build_s']:.1f}" if "build_s" in r else "–"
-        reopen = f"{r['reopen_s']:.2f} | {r['rebuild_s']:.1f}" if "reopen_s" in r else "– | –"
+        reopen = f"{r['reopen_s']:.2f} | {r['delta_s']:.2f} | {r['rebuild_s']:.1f}" if "reopen_s" in r else "– | – | –"
         lat = f"{ms(r['p50_s'])} | {ms(r['p99_s'])}"
         print(f"| {r['engine']} | {r['n']:,} | {lat} | {r['recall']:.3f} | {build} | {reopen} |")
     by = {(r["engine"].split()[0], r["n"]): r for r in lookup}
