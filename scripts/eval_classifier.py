@@ -75,6 +75,9 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--full", action="store_true", help="also fine-tune the whole MiniLM (slow on CPU)")
     ap.add_argument("--full-n", type=int, default=2000, help="prompts for the full fine-tune")
+    ap.add_argument(
+        "--ablation", action="store_true", help="only the AC ablation: [CLS] pooling, class weighting (head mode)"
+    )
     ap.add_argument("--json", help="write all results to this JSON file")
     args = ap.parse_args()
 
@@ -97,6 +100,29 @@ def main() -> int:
         "prompts": {"diffusiondb": len(ddb), "parti": len(parti)},
     }
     print(f"DiffusionDB prompts: {len(ddb)}; PartiPrompts: {len(parti)}")
+
+    if args.ablation:
+        profile = load_profile("sdxl-ac-a100")
+        table = synthetic_quality_table(ddb, profile, seed=args.seed)
+        print("\n== AC ablation (head mode, synthetic table): held-out mean quality ==")
+        print("(the default, mean pooling without class weighting, is the AC run of the full script)")
+        rows = {}
+        for name, kw in (
+            ("[CLS] pooling", {"pooling": "cls"}),
+            ("mean pooling + class weighting", {"class_weighting": True}),
+        ):
+            cfg = TrainConfig(mode="head", epochs=args.epochs, patience=5, seed=args.seed, progress=False, **kw)
+            _, rep = train_level_classifier(table, config=cfg, profile=profile.name, strategy="ac")
+            r = rep.routing
+            rows[name] = {"accuracy": rep.accuracy, **r}
+            print(
+                f"{name:<32} accuracy {rep.accuracy:.3f}  classifier {r['classifier']:.3f}  random {r['random']:.3f}  "
+                f"oracle {r['oracle']:.3f}  below the bar {r['too_fast']:.1%}"
+            )
+        results["ablation_ac"] = rows
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=2, default=float))
+        return 0
 
     # ---- 1. routing quality on held-out prompts, per strategy --------------------------------
     classifiers = {}
