@@ -45,6 +45,7 @@ def main() -> int:
     ap.add_argument("--shared", default=str(ROOT.parent / "shared"))
     ap.add_argument("--quick", action="store_true", help="smaller sizes (smoke run)")
     ap.add_argument("--epochs", type=int, default=10, help="epochs in the training-time runs")
+    ap.add_argument("--skip-training", action="store_true", help="inference only")
     args = ap.parse_args()
 
     import torch
@@ -67,11 +68,20 @@ def main() -> int:
     profile = load_profile("sdxl-ac-a100")
     clf = LevelClassifier.new(profile.ids, profile=profile.name)
     print("\n-- level classifier inference (MiniLM-L6, max_length 128) --")
-    for batch in (1, 32):
-        batches = [texts[i * batch : (i + 1) * batch] for i in range(8 if batch == 1 else 4)]
-        per = median_time(lambda b=batches, k=batch: [clf.predict(x, batch_size=k) for x in b], args.reps)
-        n = sum(len(x) for x in batches)
-        print(f"batch {batch:>2}: {per / n * 1000:7.2f} ms per prompt, {n / per:7.1f} prompts/s")
+    parti_path = Path(args.shared) / "data/prompts/parti_prompts.tsv"
+    sets = [(source, texts)]
+    if parti_path.is_file():
+        sets.append(("PartiPrompts", list(load_prompts(parti_path).prompts)))
+    for name, pool in sets:
+        tokens = np.mean([len(clf.tokenize([p])["input_ids"][0]) for p in pool[:256]])
+        for batch in (1, 32):
+            batches = [pool[i * batch : (i + 1) * batch] for i in range(8 if batch == 1 else 4)]
+            per = median_time(lambda b=batches, k=batch: [clf.predict(x, batch_size=k) for x in b], args.reps)
+            n = sum(len(x) for x in batches)
+            print(
+                f"{name} (mean {tokens:.0f} tokens) batch {batch:>2}: {per / n * 1000:7.2f} ms per prompt, "
+                f"{n / per:7.1f} prompts/s"
+            )
 
     with BatchedClassifier(clf, max_batch=32, max_wait_s=0.005) as bc:
         sample = texts[:256]
@@ -96,6 +106,8 @@ def main() -> int:
             net = median_time(lambda x=x: disc.model(x), max(3, args.reps // 2))
         print(f"batch {batch}: {per / batch * 1000:7.1f} ms per image (network alone {net / batch * 1000:.1f} ms)")
 
+    if args.skip_training:
+        return 0
     print(f"\n-- training time, frozen encoder + head, {args.epochs} epochs, encoding included --")
     sizes = (500, 1000) if args.quick else (2000, 5000, 10000)
     for n in sizes:
