@@ -156,3 +156,16 @@ def test_imports_stay_light():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_requests_wait_while_every_worker_is_down(ac, sm):
+    wl = quick_workload("poisson:qpm=40,duration=10m", [ac, sm], n_prompts=200)
+    res = run("argus", ac, wl, fallback=sm, faults=(Fault("gpus", 120.0, 180.0, 8),))
+    assert np.sum(res.status == DROPPED) == 0
+    during = (wl.arrivals_s >= 120.0) & (wl.arrivals_s < 300.0)
+    assert during.any()
+    # requests that arrived during the outage finish only after the workers are back
+    assert np.all(res.finish_s[during] > 300.0)
+    # and are spread over the returning workers rather than piled on one
+    late = [w for w, s, _e in res.busy if 300.0 <= s < 330.0]
+    assert len(set(late)) >= 4

@@ -226,7 +226,8 @@ class Argus(Policy):
         row = self.predicted_row(request, plan, view, r)
         j = r.sample(row, self.rng.random())
         if not r.workers[j]:
-            return Assignment(level=None, dropped=True, reason="no worker in the plan")
+            # no worker is planned (e.g. every worker is down): the request waits for one
+            return Assignment(level=plan.levels[j], worker=None, reason="no worker in the plan")
         level = plan.levels[j]
         if plan.strategy is Strategy.AC and j > 0 and not view.cache_healthy:
             # §4.6: serve at K = 0 at once on the loaded model until the plan switches to SM

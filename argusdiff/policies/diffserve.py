@@ -235,7 +235,7 @@ class DiffServe(Policy):
     def _send(self, request: Request, plan: Plan, view: RouteView, level) -> Assignment:
         workers = self._workers_of(plan)[level.id]
         if not workers:
-            return Assignment(level=None, dropped=True, reason=f"no {level.id} worker")
+            return Assignment(level=level.id, worker=None, reason=f"no {level.id} worker: waits")
         b = plan.batch_sizes.get(level.id, 1)
         w = select_worker(workers, view, level.latency(b) / b)
         wait = max(0.0, view.busy_until.get(w, view.now_s) - view.now_s)

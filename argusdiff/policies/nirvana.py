@@ -44,6 +44,6 @@ class Nirvana(Policy):
         k = k_for_similarity(sim) if (sim is not None and view.cache_healthy) else 0
         workers = list(plan.assignment)
         if not workers:
-            return Assignment(level=None, dropped=True, reason="no worker in the plan")
+            return Assignment(level=self.level_for_k(k), worker=None, reason="no worker in the plan")
         w = workers[int(self.rng.integers(len(workers)))]
         return Assignment(level=self.level_for_k(k), worker=w)

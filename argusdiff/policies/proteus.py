@@ -23,6 +23,6 @@ class Proteus(Pac):
         j = r.sample(0, self.rng.random())
         workers = r.workers[j]
         if not workers:
-            return Assignment(level=None, dropped=True, reason="no worker in the plan")
+            return Assignment(level=plan.levels[j], worker=None, reason="no worker in the plan")
         worker = workers[int(self.rng.integers(len(workers)))] if len(workers) > 1 else workers[0]
         return Assignment(level=plan.levels[j], worker=worker)

@@ -78,7 +78,7 @@ class Sommelier(Policy):
     def route(self, request: Request, plan: Plan, view: RouteView) -> Assignment:
         workers = [w for w in plan.assignment if plan.assignment[w] is not None]
         if not workers:
-            return Assignment(level=None, dropped=True, reason="no worker in the plan")
+            return Assignment(level=self.profile.best.id, worker=None, reason="no worker in the plan")
         w = workers[int(self.rng.integers(len(workers)))]
         self.sent[w] = self.sent.get(w, 0) + 1
         return Assignment(level=plan.assignment[w], worker=w)

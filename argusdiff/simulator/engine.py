@@ -250,6 +250,7 @@ class Simulator:
         self.loads: list[tuple[int, float, float, str]] = []
         self.plans: list[dict[str, Any]] = []
         self.level_arrivals: dict[str, int] = {}
+        self.waiting: list[int] = []  # requests accepted while no worker was up
 
         view = RouteView(slo_s=self.slo_s)
         view.queue_lengths = _Queues(self)  # type: ignore[assignment]
@@ -327,6 +328,8 @@ class Simulator:
             i += 1
             if self.progress is not None and i % report_every == 0:
                 self.progress(i / n)
+        for i in self.waiting:  # no worker ever came back for them
+            self.status[i] = DROPPED
         end = max([b[B_FINISH] for b in self.busy] + [self.now, float(arr[-1]) if n else 0.0])
         for w in range(G):
             if self.up[w]:
@@ -473,6 +476,10 @@ class Simulator:
             self.view.worker_models[self.wids[w]] = None
             self.view.busy_until[self.wids[w]] = t
             self.view.up.add(self.wids[w])
+            for i in self.waiting:
+                self.epoch[i] += 1
+                self._push(t, "redispatch", i)
+            self.waiting.clear()
         elif kind == "redispatch":
             i = ev[3]
             self._redispatch(i, t, plan)
@@ -545,13 +552,14 @@ class Simulator:
 
     # ---- data path mechanism ---------------------------------------------------------------
 
-    def _pick_up_worker(self, model: str) -> int | None:
+    def _pick_up_worker(self, level: ApproxLevel, t: float) -> int | None:
+        """The up worker that would start ``level`` first (a model load counted when needed)."""
         best = None
-        best_key = (INF, INF)
+        best_key = INF
         for w in range(len(self.wids)):
             if not self.up[w]:
                 continue
-            key = (0 if self.model[w] == model else 1, self.free_at[w])
+            key = max(self.free_at[w], t) + (0.0 if self.model[w] == level.model else level.load_time_s)
             if key < best_key:
                 best_key, best = key, w
         return best
@@ -564,9 +572,11 @@ class Simulator:
             raise ConfigError(f"policy {self.policy.name!r} routed to unknown level {level_id!r}")
         w = self.widx.get(worker) if worker is not None else None
         if w is None or not self.up[w]:
-            w = self._pick_up_worker(lv.model)
+            w = self._pick_up_worker(lv, t)
             if w is None:
-                self.status[i] = DROPPED
+                # no worker is up: accepted work waits for the first one to come back
+                self.status[i] = PENDING
+                self.waiting.append(i)
                 return
         self.level_arrivals[level_id] = self.level_arrivals.get(level_id, 0) + 1
         served = lv
