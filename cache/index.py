@@ -9,7 +9,7 @@ Two engines behind one interface (:class:`VectorIndex`):
 - :class:`QdrantIndex` — Qdrant, embedded (``QdrantClient(path=...)``) or a server
   (``QdrantClient(url=...)``) through the same code; the payload holds the same fields. Embedded
   Qdrant searches by brute force (see docs/cache.md for the measured limit): run a Qdrant server
-  above a few thousand prompts, or use :class:`HnswIndex`.
+  above ~1,000 prompts, or use :class:`HnswIndex`.
 
 Embeddings are L2-normalised on the way in; similarity is cosine similarity in [-1, 1].
 Both classes are thread-safe (one lock per index). Heavy imports (hnswlib, qdrant_client) are lazy.
