@@ -339,8 +339,7 @@ class LatentCache:
         with self._write_lock:
             self._call("index clear", self.index.clear)
             keys = list(self.blobs.keys())
-            for key in keys:
-                self.blobs.delete(key)
+            self.blobs.delete_many(keys)
             return len(keys)
 
     def entries(self):

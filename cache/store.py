@@ -21,7 +21,7 @@ import os
 import re
 import struct
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -159,6 +159,10 @@ class BlobStore(Protocol):
 
     def delete(self, key: str) -> None: ...
 
+    def delete_many(self, keys: Iterable[str]) -> int:
+        """Delete many blobs (missing ones are no error); returns how many keys were given."""
+        ...
+
     def keys(self) -> Iterator[str]: ...
 
     def close(self) -> None: ...
@@ -218,6 +222,13 @@ class LocalDirStore:
         except OSError as exc:
             raise CacheUnavailable(f"local blob store {self.root}: cannot delete {key}: {exc}") from None
 
+    def delete_many(self, keys: Iterable[str]) -> int:
+        n = 0
+        for key in keys:
+            self.delete(key)
+            n += 1
+        return n
+
     def keys(self) -> Iterator[str]:
         for path in self.root.glob("??/*/k*.safetensors"):
             key = path.relative_to(self.root).as_posix()
@@ -228,6 +239,12 @@ class LocalDirStore:
 
     def close(self) -> None:
         pass
+
+
+def _delete_objects_md5(params, **_kwargs) -> None:
+    body = params.get("body")
+    if isinstance(body, bytes | bytearray) and "Content-MD5" not in params.get("headers", {}):
+        params["headers"]["Content-MD5"] = _b64md5(bytes(body))
 
 
 def _b64md5(data: bytes) -> str:
@@ -283,6 +300,9 @@ class S3Store:
             client = boto3.session.Session().client(
                 "s3", endpoint_url=endpoint_url, region_name=region or os.environ.get("AWS_DEFAULT_REGION"), config=cfg
             )
+        # DeleteObjects must carry Content-MD5 on S3 servers such as Swift s3api; boto3 >= 1.36
+        # no longer sends it by itself.
+        client.meta.events.register("before-call.s3.DeleteObjects", _delete_objects_md5)
         self.client = client
         if create_bucket:
             self._ensure_bucket()
@@ -356,6 +376,28 @@ class S3Store:
                 raise self._err(f"delete {obj}", exc) from None
         except BotoCoreError as exc:
             raise self._err(f"delete {obj}", exc) from None
+
+    def delete_many(self, keys: Iterable[str]) -> int:
+        """Batched DeleteObjects (1,000 keys per request)."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        objs = [self._object(k) for k in keys]
+        for i in range(0, len(objs), 1000):
+            batch = objs[i : i + 1000]
+            try:
+                resp = self.client.delete_objects(
+                    Bucket=self.bucket, Delete={"Objects": [{"Key": o} for o in batch], "Quiet": True}
+                )
+            except (BotoCoreError, ClientError) as exc:
+                raise self._err(f"delete {len(batch)} objects", exc) from None
+            errors = [e for e in resp.get("Errors", []) if e.get("Code") not in ("NoSuchKey", "404")]
+            if errors:
+                first = errors[0]
+                raise CacheUnavailable(
+                    f"S3 blob store {self.description}: {len(errors)} deletes failed, e.g. "
+                    f"{first.get('Key')}: {first.get('Code')} {first.get('Message')}"
+                )
+        return len(objs)
 
     def keys(self) -> Iterator[str]:
         from botocore.exceptions import BotoCoreError, ClientError

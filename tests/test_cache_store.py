@@ -171,3 +171,22 @@ def test_s3_server_rejects_a_body_that_does_not_match_content_md5(s3_store):
         s3_store.client.put_object(
             Bucket=s3_store.bucket, Key=s3_store.prefix + "probe", Body=b"abc", ContentMD5=_b64md5(b"abd")
         )
+
+
+@pytest.mark.integration
+def test_s3_delete_many_in_batches(s3_store):
+    keys = [blob_key(uuid.uuid4().hex, 5) for _ in range(12)]
+    for k in keys:
+        s3_store.put(k, b"x")
+    missing = blob_key(uuid.uuid4().hex, 5)
+    assert s3_store.delete_many([*keys[:10], missing]) == 11  # a missing key is not an error
+    assert sorted(s3_store.keys()) == sorted(keys[10:])
+
+
+def test_local_delete_many(tmp_path):
+    store = LocalDirStore(tmp_path / "b")
+    keys = [blob_key(uuid.uuid4().hex, 5) for _ in range(3)]
+    for k in keys:
+        store.put(k, b"x")
+    assert store.delete_many(keys[:2]) == 2
+    assert list(store.keys()) == [keys[2]]
