@@ -1,2 +1,6 @@
-"""Approximate latent cache: prompt-embedding index (Qdrant), latent blob stores (local directory,
-S3 via boto3), eviction and health. Heavy imports are lazy."""
+"""Approximate latent cache: prompt-embedding index (in-process HNSW over SQLite, or Qdrant),
+latent blob stores (local directory, S3 via boto3), NIRVANA thresholds, LCBFU eviction and health.
+
+Entry point: :class:`cache.latent_cache.LatentCache` (``LatentCache.from_config(settings.cache)``).
+Heavy imports (hnswlib, qdrant_client, boto3, safetensors) happen when an index or store is built.
+"""
