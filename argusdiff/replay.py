@@ -235,6 +235,17 @@ def prepare(spec: ReplaySpec, *, log: Callable[[str], None] | None = None):
                 classifiers[prof.name] = clf
         if not classifiers:
             raise ConfigError(f"--classifier: {spec.classifier} predicts levels of none of the profiles")
+        from argusdiff.policies.classifier import OracleClassifier
+
+        others = [prof for prof, _t in tables.values() if prof.name not in classifiers]
+        for prof in others:
+            classifiers[prof.name] = OracleClassifier(tables[prof.name][1], confusion=spec.confusion, seed=spec.seed)
+        if others:
+            trained = sorted(set(classifiers) - {p.name for p in others})
+            clf_desc = (
+                f"trained LevelClassifier from {spec.classifier} for {', '.join(trained)}; "
+                f"{classifiers[others[0].name].description} for {', '.join(p.name for p in others)}"
+            )
     else:
         from argusdiff.policies.classifier import OracleClassifier
 

@@ -107,3 +107,45 @@ def test_quality_sources_diffserve_and_measured_file(tmp_path, capsys):
     data = json.loads(capsys.readouterr().out)
     assert "50 prompts" in data["provenance"]["prompts"]
     assert data["policies"]["proteus"]["requests"] > 0
+
+
+def test_replay_with_a_trained_level_classifier(tmp_path, capsys):
+    from argusdiff.profile import load_profile
+    from traces.prompts import builtin_prompts
+    from traces.synthetic import synthetic_quality_table
+
+    prompts = builtin_prompts().head(60)
+    (tmp_path / "prompts.txt").write_text("\n".join(prompts.prompts) + "\n")
+    synthetic_quality_table(prompts, load_profile("sdxl-ac-a100"), seed=0).to_csv(tmp_path / "q.csv")
+    rc = main(
+        [
+            "train-classifier",
+            "--table",
+            str(tmp_path / "q.csv"),
+            "--out",
+            str(tmp_path / "clf"),
+            "--mode",
+            "head",
+            "--epochs",
+            "1",
+            "--no-progress",
+        ]
+    )
+    assert rc == 0
+    capsys.readouterr()
+    rc = main(
+        [
+            "replay",
+            *SMALL,
+            "--prompts",
+            str(tmp_path / "prompts.txt"),
+            "--policies",
+            "argus",
+            "--classifier",
+            str(tmp_path / "clf"),
+            "--json",
+        ]
+    )
+    assert rc == 0
+    prov = json.loads(capsys.readouterr().out)["provenance"]
+    assert prov["classifier"].startswith(f"trained LevelClassifier from {tmp_path / 'clf'} for sdxl-ac-a100")
