@@ -8,6 +8,13 @@ so queues drain; the timed path never waits for an image.
 
     python scripts/bench_service.py                      # embedded only
     python scripts/bench_service.py --redis auto         # also Redis (starts redis-server on a free port)
+    python scripts/bench_service.py --fidelity           # simulator vs live service on one trace
+
+``--fidelity`` replays one trace through the simulator and through the live service (router,
+control loop, embedded queues) whose stand-in workers sleep the same profiled latencies, with
+time compressed by ``--time-scale`` (arrivals, latencies, SLO and control period all scaled), and
+compares the SLO violation ratio and the level mix. Both use the same policy and the same oracle
+classifier predictions (SYNTHETIC quality table, as ``argusdiff replay`` without a table).
 """
 
 from __future__ import annotations
@@ -89,6 +96,156 @@ async def _bench(settings, n: int, concurrency: int) -> dict:
         await service.stop()
 
 
+def _scaled_profile(profile, s: float):
+    import dataclasses
+
+    levels = tuple(
+        dataclasses.replace(
+            lv,
+            latency_s={b: t * s for b, t in lv.latency_s.items()},
+            load_time_s=lv.load_time_s * s,
+            peak_qpm_override=None if lv.peak_qpm_override is None else lv.peak_qpm_override / s,
+        )
+        for lv in profile.levels
+    )
+    return dataclasses.replace(profile, levels=levels, slo_s=profile.default_slo_s() * s)
+
+
+class _OracleAdapter:
+    """The simulator's per-prompt predictions behind the live router's classifier interface."""
+
+    uses = "oracle stand-in (same predictions as the simulator)"
+
+    def __init__(self, table: dict[str, str]) -> None:
+        self.table = table
+        self.description = self.uses
+
+    def submit(self, prompt: str):
+        from concurrent.futures import Future
+
+        fut: Future = Future()
+        fut.set_result(self.table[prompt])
+        return fut
+
+
+async def _live_replay(service, arrivals, prompts, warm) -> list[tuple[float, str | None, bool]]:
+    from argusdiff.service.errors import ApiError
+    from argusdiff.service.schemas import GenerationSpec
+    from argusdiff.service.worker import wait_until
+
+    await service.start()
+    try:
+        await asyncio.to_thread(
+            wait_until, lambda: service.ready() and len(service.control.alive) == len(service.workers), 30
+        )
+        router = service.router
+        # warm start, as the simulator: the cluster was running before the trace, so the first plan
+        # sees the first period's arrivals and optimal levels, and workers are at their levels
+        router.arrivals, router.affinity = warm
+        if hasattr(service.policy, "demand"):  # forget the start-up plan's 0-QPM observation
+            from argusdiff.predictors import EwmaDemand
+
+            service.policy.demand = EwmaDemand(service.policy.options.ewma_alpha)
+        service.control.last_tick = time.time() - service.control.period_s  # one full period
+        plan = await service.control.tick()
+
+        def adopted() -> bool:
+            return all(w.worker.level == plan.assignment.get(w.worker_id) for w in service.workers)
+
+        await asyncio.to_thread(wait_until, adopted, 30)
+        out: list[tuple[float, str | None, bool]] = [(0.0, None, False)] * len(arrivals)
+
+        async def one(i: int) -> None:
+            spec = GenerationSpec(prompt=prompts[i], response_format="b64_json")
+            t0 = time.time()
+            try:
+                sub = await router.submit(spec)
+            except ApiError:
+                out[i] = (float("inf"), None, False)
+                return
+            res = (await router.wait(sub, 600))[0]
+            lat = time.time() - t0
+            out[i] = (lat, res.level, lat <= sub.deadline_s - sub.arrival_s)
+
+        start = time.monotonic()
+        tasks = []
+        for i, t in enumerate(arrivals):
+            delay = start + t - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(i)))
+        await asyncio.gather(*tasks)
+        return out
+    finally:
+        await service.stop()
+
+
+def fidelity(args) -> int:
+    import numpy as np
+
+    from argusdiff.config import Settings
+    from argusdiff.policies import PolicyOptions, make_policy
+    from argusdiff.profile import load_profile
+    from argusdiff.service.app import Service
+    from argusdiff.simulator.engine import SimConfig, simulate
+    from argusdiff.simulator.metrics import summarize
+    from argusdiff.simulator.workload import quick_workload
+
+    profile = load_profile(args.fid_profile)
+    wl = quick_workload(args.trace, [profile], n_prompts=300, seed=0)
+    period = args.period
+    sim_policy = make_policy(
+        args.policy, profile, rng=np.random.default_rng(0), config=PolicyOptions(period_s=period, backend="highs")
+    )
+    sim = summarize(simulate(sim_policy, wl, SimConfig(gpus=args.gpus, period_s=period, seed=0)))
+
+    s = args.time_scale
+    scaled = _scaled_profile(profile, s)
+    rows = wl.prompt_idx
+    prompts = [wl.prompts[r] for r in rows]
+    optimal = wl.optimal[profile.ids]
+    oracle = _OracleAdapter({wl.prompts[r]: profile.ids[int(optimal[r])] for r in set(rows.tolist())})
+    settings = Settings.model_validate(
+        {
+            "profile": args.fid_profile,
+            "solver": {"backend": "highs"},
+            "service": {
+                "policy": args.policy,
+                "workers": args.gpus,
+                "stand_in_scale": 1.0,
+                "control_period_s": period * s,
+                "heartbeat_s": 0.2,
+                "worker_timeout_s": 5.0,
+                "sizes": ["512x512"],
+            },
+        }
+    )
+    service = Service(settings, profile=scaled, classifier=oracle)
+    from collections import Counter
+
+    first = wl.arrivals_s < period
+    warm = (int(first.sum()), Counter(profile.ids[int(optimal[r])] for r in rows[first]))
+    live = asyncio.run(_live_replay(service, wl.arrivals_s * s, prompts, warm))
+    n = len(live)
+    ok = sum(1 for _, _, met in live if met)
+    mix: dict[str, int] = {}
+    for _, lv, _ in live:
+        if lv is not None:
+            mix[lv] = mix.get(lv, 0) + 1
+    served = max(1, sum(mix.values()))
+    live_viol = 1 - ok / n
+    print(f"simulator fidelity: {args.fid_profile}, policy {args.policy}, {args.gpus} workers, trace {args.trace}, "
+          f"{n} requests; live time scale {s:g} (stand-in workers)")  # fmt: skip
+    print(f"{'':<22}{'simulator':>10}{'live':>10}{'diff (pp)':>11}")
+    print(f"{'SLO violation ratio':<22}{sim['slo_violation_ratio']:>10.3f}{live_viol:>10.3f}"
+          f"{100 * (live_viol - sim['slo_violation_ratio']):>11.1f}")  # fmt: skip
+    for lv in profile.ids:
+        a = sim["level_mix"].get(lv, 0.0)
+        b = mix.get(lv, 0) / served
+        print(f"{'mix ' + lv:<22}{a:>10.3f}{b:>10.3f}{100 * (b - a):>11.1f}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--profile", default="sdxl-ac-a100")
@@ -98,7 +255,15 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=8, help="stand-in workers")
     ap.add_argument("--scale", type=float, default=0.0001, help="stand-in latency scale (TEST MODE)")
     ap.add_argument("--redis", help="redis URL, or 'auto' to start a redis-server")
+    ap.add_argument("--fidelity", action="store_true", help="compare the simulator with the live service")
+    ap.add_argument("--fid-profile", default="sm-a100", help="profile of the fidelity run")
+    ap.add_argument("--trace", default="bursty:low=60,high=240,duration=10m", help="trace of the fidelity run")
+    ap.add_argument("--gpus", type=int, default=4, help="workers of the fidelity run")
+    ap.add_argument("--period", type=float, default=60.0, help="control period of the fidelity run (s)")
+    ap.add_argument("--time-scale", type=float, default=0.1, help="live time compression of the fidelity run")
     args = ap.parse_args()
+    if args.fidelity:
+        return fidelity(args)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from argusdiff.config import Settings
 

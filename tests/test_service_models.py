@@ -151,6 +151,7 @@ def test_cache_store_failure_switches_ac_to_sm_without_failing_requests(
         control_period_s=0.5,
         cache_error_threshold=0.2,
         cache_window=10,
+        cache_probe_period_s=1.0,
         request_timeout_s=120,
     ).model_dump()
     base["workers"].update(models_dir=demo_models_dir, device="cpu", torch_threads=1, poll_s=0.05)

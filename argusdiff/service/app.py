@@ -155,6 +155,7 @@ class Service:
             heartbeat_s=cfg.heartbeat_s,
             level_ids=tuple(self.levels),
             cache_probe=cache_probe,
+            probe_period_s=cfg.cache_probe_period_s,
         )
         self.workers = [
             ServiceWorker(

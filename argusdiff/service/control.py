@@ -45,6 +45,7 @@ class ControlLoop:
         level_ids: tuple[str, ...],
         cache_probe: Callable[[], Any] | None = None,
         probe_burst: int = 3,
+        probe_period_s: float = 0.0,
         clock=time.time,
     ) -> None:
         self.router = router
@@ -57,10 +58,13 @@ class ControlLoop:
         self.level_ids = level_ids
         self.cache_probe = cache_probe
         self.probe_burst = probe_burst
+        self.probe_period_s = probe_period_s
+        self._last_probe = float("-inf")
         self.clock = clock
         self.plan: Plan | None = None
         self.alive: dict[str, dict[str, Any]] = {}
         self.last_tick = clock()
+        self._last_full: tuple[int, float] = (0, period_s)
         self.ticks = 0
         self.requeued = 0
         self.migrated = 0
@@ -98,6 +102,9 @@ class ControlLoop:
         switched = self.plan is not None and primary_ac and self.plan.strategy is not Strategy.AC
         if health.healthy and not switched:
             return
+        if time.monotonic() - self._last_probe < self.probe_period_s:
+            return
+        self._last_probe = time.monotonic()
         ok = 0
         for _ in range(self.probe_burst):
             t0 = time.perf_counter()
@@ -116,12 +123,18 @@ class ControlLoop:
             for _ in range(self.probe_burst):
                 health.record(0.0)
 
-    def step(self, period: tuple[int, Counter[str], Counter[str]]) -> Plan:
-        """The synchronous part of a tick (runs in a thread: Redis calls, the solver)."""
+    def step(self, period: tuple[int, Counter[str], Counter[str]], elapsed_s: float | None = None) -> Plan:
+        """The synchronous part of a tick (runs in a thread: Redis calls, the solver).
+
+        ``elapsed_s`` given: an early re-plan (a worker joined or died) that repeats the last full
+        period's arrival rate instead of measuring a partial period."""
         arrivals, affinity, level_arrivals = period
         now = self.clock()
-        elapsed = max(1e-3, now - self.last_tick)
-        self.last_tick = now
+        if elapsed_s is None:
+            elapsed = max(1e-3, now - self.last_tick)
+            self.last_tick = now
+        else:
+            elapsed = elapsed_s
         alive, dead = self.store.heartbeats()
         if dead:
             n = self._requeue_dead(dead)
@@ -160,6 +173,8 @@ class ControlLoop:
         )
         plan = self.policy.plan(stats)
         plan.validate()
+        if elapsed_s is None:
+            self._last_full = (arrivals, elapsed)
         self._version = max(self._version + 1, plan.version)
         plan = dataclasses.replace(plan, version=self._version)
         self.store.publish_plan(plan)
@@ -208,15 +223,23 @@ class ControlLoop:
 
     # -- the loop --------------------------------------------------------------------------
 
-    async def tick(self) -> Plan | None:
-        period = self.router.take_period_stats()
+    async def tick(self, full: bool = True) -> Plan | None:
+        """One control tick. ``full``: closes a control period (its arrivals feed the predictors);
+        else an early re-plan on the last full period's rate, the current period keeps counting."""
+        if full:
+            period = self.router.take_period_stats()
+            elapsed = None
+        else:
+            arrivals, elapsed = self._last_full
+            period = (arrivals, Counter(), Counter())
         try:
-            plan = await asyncio.to_thread(self.step, period)
+            plan = await asyncio.to_thread(self.step, period, elapsed)
         except Exception as exc:
             # keep the previous plan; give the arrivals back so demand is not under-counted
-            self.router.arrivals += period[0]
-            self.router.affinity.update(period[1])
-            self.router.level_arrivals.update(period[2])
+            if full:
+                self.router.arrivals += period[0]
+                self.router.affinity.update(period[1])
+                self.router.level_arrivals.update(period[2])
             self.last_error = f"{type(exc).__name__}: {exc}"
             log.warning("control tick failed: %s", self.last_error)
             return None
@@ -243,13 +266,13 @@ class ControlLoop:
             timeout = max(0.0, min(self.heartbeat_s, next_tick - time.monotonic()))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)
-            due = time.monotonic() >= next_tick or self._wake.is_set()
-            self._wake.clear()
-            if not due and await self._membership_changed():
-                due = True
-            if due:
+            if time.monotonic() >= next_tick:
+                self._wake.clear()
                 await self.tick()
                 next_tick = time.monotonic() + self.period_s
+            elif self._wake.is_set() or await self._membership_changed():
+                self._wake.clear()
+                await self.tick(full=False)
 
     def start(self) -> asyncio.Task:
         self._task = asyncio.create_task(self.run(), name="argusdiff-control")

@@ -10,6 +10,7 @@ configured (``[classifier] discriminator``).
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -59,6 +60,7 @@ class ExecutorFactory:
         self.stand_in_scale = stand_in_scale
         self._registry = registry
         self._judge: Callable[[Any], float] | None = None
+        self._local = threading.local()
 
     @property
     def registry(self) -> Any:
@@ -87,7 +89,11 @@ class ExecutorFactory:
         if self.stand_in_scale is not None:
             from argusdiff.service.standin import StandInExecutor
 
-            return StandInExecutor(level, self.stand_in_scale)
+            # the calling worker thread's previous model: switching models costs its load time
+            prev = getattr(self._local, "model", None)
+            self._local.model = level.model
+            load_s = level.load_time_s * self.stand_in_scale if prev is not None and prev != level.model else 0.0
+            return StandInExecutor(level, self.stand_in_scale, load_s=load_s)
         from workers.executor import build_executor
 
         cascade = self.profile.cascade

@@ -32,9 +32,12 @@ def solid_png(width: int, height: int, rgb: tuple[int, int, int]) -> bytes:
 
 
 class StandInExecutor:
-    """Sleeps ``level.latency(batch) × scale`` per batch; one stand-in PNG per item."""
+    """Sleeps ``level.latency(batch) × scale`` per batch (and ``load_s`` once, before the first
+    batch: the scaled model load time when the worker's model changes); one stand-in PNG per item."""
 
-    def __init__(self, level: ApproxLevel, scale: float, *, size: int = 8, sleep=time.sleep) -> None:
+    def __init__(
+        self, level: ApproxLevel, scale: float, *, size: int = 8, load_s: float = 0.0, sleep=time.sleep
+    ) -> None:
         if scale <= 0:
             raise ValueError("stand-in scale must be > 0")
         self.level = level
@@ -44,8 +47,19 @@ class StandInExecutor:
         self.size = size
         self._sleep = sleep
         self.batches = 0
+        self._load_s = load_s
+        self._loaded = False
+
+    @property
+    def loaded(self) -> bool:
+        """Pays the (scaled) model load time once, as a worker switching to this level would."""
+        if not self._loaded:
+            self._sleep(self._load_s)
+            self._loaded = True
+        return True
 
     def run(self, items: Sequence[WorkItem]) -> list[WorkResult]:
+        _ = self.loaded
         start = time.time()
         busy = self.level.latency(len(items)) * self.scale
         self._sleep(busy)
