@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 
@@ -125,6 +126,8 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=32, help="closed-loop clients")
     ap.add_argument("--rate", type=float, help="open loop: requests/s instead of closed-loop clients")
     ap.add_argument("--redis", help="redis URL, or 'auto' to start a redis-server and worker processes")
+    ap.add_argument("--result-ttl", type=float, help="[service] result_ttl_s of the server (soak: keep it short)")
+    ap.add_argument("--rss-every", type=float, default=60.0, help="print the server's RSS this often (s)")
     args = ap.parse_args()
 
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
@@ -134,6 +137,8 @@ def main() -> int:
         ARGUSDIFF_SOLVER__BACKEND="highs",
         ARGUSDIFF_SERVICE__NAMESPACE=f"load{os.getpid()}",
     )
+    if args.result_ttl:
+        env["ARGUSDIFF_SERVICE__RESULT_TTL_S"] = str(args.result_ttl)
     procs: list[subprocess.Popen] = []
     tmp = None
     port = _free_port()
@@ -176,7 +181,17 @@ def main() -> int:
                 raise SystemExit("server did not become ready")
             time.sleep(0.2)
         rss0 = _rss_mb(server.pid)
+        stop_rss = threading.Event()
+
+        def sample_rss() -> None:
+            t0 = time.monotonic()
+            while not stop_rss.wait(args.rss_every):
+                print(f"  t={time.monotonic() - t0:5.0f} s  server RSS {_rss_mb(server.pid):.0f} MiB", flush=True)
+
+        sampler = threading.Thread(target=sample_rss, daemon=True)
+        sampler.start()
         res = asyncio.run(_drive(url, args))
+        stop_rss.set()
         rss1 = _rss_mb(server.pid)
         answered = sum(res["statuses"].values())
         lost = res["sent"] - answered - sum(res["errors"].values())

@@ -1,0 +1,149 @@
+"""Unit tests of the service's pieces without servers: validation, expiry, cache health, plan JSON,
+stand-in executor, the control loop on an in-memory store."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import zlib
+
+import pytest
+
+from argusdiff.domain import Tier
+from argusdiff.service.dispatch import TtlDict
+from argusdiff.service.errors import ApiError
+from argusdiff.service.health import CacheHealth
+from argusdiff.service.schemas import Limits, parse_native, parse_openai
+
+LIMITS = Limits(
+    models=("argusdiff", "demo"), levels=("a", "b", "c"), sizes=("64x64",), max_n=4, max_prompt_chars=50, max_slo_s=60
+)
+
+
+def test_openai_defaults_and_quality_mapping():
+    spec = parse_openai({"prompt": "a cat"}, LIMITS)
+    assert (spec.n, spec.size, spec.response_format, spec.min_quality_level) == (1, "64x64", "url", None)
+    assert parse_openai({"prompt": "a", "quality": "hd"}, LIMITS).min_quality_level == "a"
+    assert parse_openai({"prompt": "a", "n": 2.0, "size": "auto"}, LIMITS).n == 2
+
+
+def test_native_fields():
+    spec = parse_native(
+        {"prompt": "a", "seed": 3, "slo_s": 2, "tier": "batch", "min_quality_level": "b", "wait": False}, LIMITS
+    )
+    assert (spec.seed, spec.slo_s, spec.tier, spec.min_quality_level, spec.wait) == (3, 2.0, Tier.BATCH, "b", False)
+    assert spec.response_format == "b64_json"
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"prompt": "a", "n": 1.5}, "n"),
+        ({"prompt": "a\x00b"}, "prompt"),
+        ({"prompt": "a", "user": "u" * 300}, "user"),
+        ({"prompt": "a", "slo_s": float("nan")}, "slo_s"),
+        ({"prompt": "a", "slo_s": 61}, "slo_s"),
+        ({"prompt": "a", "size": 64}, "size"),
+    ],
+)
+def test_rejections_name_the_field(body, param):
+    with pytest.raises(ApiError) as exc:
+        parse_native(body, LIMITS)
+    assert exc.value.status == 400 and exc.value.param == param
+
+
+def test_ttl_dict_expires_in_insertion_order():
+    now = [0.0]
+    d = TtlDict(10, clock=lambda: now[0])
+    d.set("a", 1)
+    now[0] = 5
+    d.set("b", 2)
+    assert d.get("a") == 1 and len(d) == 2
+    now[0] = 11
+    assert d.get("a") is None and d.get("b") == 2 and len(d) == 1
+
+
+def test_cache_health_latency_errors_reset():
+    h = CacheHealth(4, latency_limit_s=0.1, error_limit=0.25)
+    assert h.healthy and h.median_latency_s() is None
+    for _ in range(3):
+        h.record(0.01, hit=True)
+    h.record(0.5, hit=False)
+    assert h.healthy and h.hit_ratio() == 0.75
+    h.record(None, error=True)
+    h.record(None, error=True)
+    assert h.error_rate() == 0.5 and not h.healthy
+    h.reset()
+    assert h.healthy and h.samples == 0
+
+
+def test_plan_json_round_trip():
+    from argusdiff.domain import Plan, Strategy
+    from argusdiff.service.plans import plan_from_dict, plan_to_dict
+
+    plan = Plan(
+        version=3, created_s=1.0, strategy=Strategy.AC, levels=("a", "b"), assignment={"w1": "a", "w2": None},
+        share=(0.6, 0.4), pasm=((1.0, 0.0), (0.2, 0.8)), predicted_qpm=12.0, expected_quality=0.9,
+        thresholds={"a": 0.5}, batch_sizes={"a": 2}, notes=("x",),
+    )  # fmt: skip
+    data = plan_to_dict(plan)
+    assert data["counts"] == {"a": 1, "b": 0}
+    assert plan_from_dict(data) == plan
+
+
+def test_stand_in_executor_png_and_load_time():
+    from argusdiff.profile import load_profile
+    from argusdiff.service.standin import StandInExecutor, solid_png
+    from workers.executor import WorkItem
+
+    png = solid_png(3, 2, (1, 2, 3))
+    assert png.startswith(b"\x89PNG\r\n\x1a\n")
+    length = struct.unpack(">I", png[8:12])[0]
+    assert png[12:16] == b"IHDR" and struct.unpack(">II", png[16:24]) == (3, 2) and length == 13
+    idat_len = struct.unpack(">I", png[33:37])[0]
+    assert zlib.decompress(png[41 : 41 + idat_len]) == (b"\x00" + bytes((1, 2, 3)) * 3) * 2
+    slept = []
+    level = load_profile("sm-a100").levels[0]
+    ex = StandInExecutor(level, 0.5, load_s=2.0, sleep=slept.append)
+    out = ex.run([WorkItem(request_id="r1", prompt="p", level=level.id, seed=4)])
+    assert slept == [2.0, level.latency(1) * 0.5]
+    assert out[0].ok and out[0].seed == 4 and out[0].timings["stand_in"] == 1.0
+    ex.run([WorkItem(request_id="r2", prompt="p", level=level.id)])
+    assert slept[2:] == [level.latency(1) * 0.5]  # the load is paid once
+
+
+def test_control_loop_removes_a_silent_worker_and_moves_its_queue():
+    from fixtures_service import service_settings
+
+    from argusdiff.service.app import Service
+
+    async def scenario():
+        service = Service(service_settings(workers=0, policy="clipper-ht"))
+        await service.dispatch.start()
+        store, control = service.store, service.control
+        fastest = service.profile.ids[-1]
+        store.beat("w1", {"level": None}, ttl_s=60)
+        store.beat("w2", {"level": None}, ttl_s=60)
+        plan = await control.tick()
+        assert set(plan.assignment) == {"w1", "w2"} and set(plan.assignment.values()) == {fastest}
+        store.beat("w2", {"level": fastest}, ttl_s=-1)  # w2 falls silent
+        plan = await control.tick(full=False)
+        assert set(plan.assignment) == {"w1"} and set(control.alive) == {"w1"}
+        assert plan.version == 2 and service.router.plan is plan
+        await service.dispatch.close()
+
+    asyncio.run(scenario())
+
+
+def test_service_modules_import_no_heavy_libraries():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, argusdiff.service.app, argusdiff.service.api, argusdiff.commands.serve, "
+        "argusdiff.commands.worker, argusdiff.service.redis_queue\n"
+        "heavy = [m for m in ('torch', 'diffusers', 'transformers', 'timm', 'open_clip') if m in sys.modules]\n"
+        "print(','.join(heavy))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
