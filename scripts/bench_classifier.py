@@ -73,7 +73,8 @@ def main() -> int:
     if parti_path.is_file():
         sets.append(("PartiPrompts", list(load_prompts(parti_path).prompts)))
     for name, pool in sets:
-        tokens = np.mean([len(clf.tokenize([p])["input_ids"][0]) for p in pool[:256]])
+        pool = [pool[i] for i in np.random.default_rng(0).permutation(len(pool))]  # a fair mix of lengths
+        tokens = np.mean([len(clf.tokenize([p])["input_ids"][0]) for p in pool[:128]])
         for batch in (1, 32):
             batches = [pool[i * batch : (i + 1) * batch] for i in range(8 if batch == 1 else 4)]
             per = median_time(lambda b=batches, k=batch: [clf.predict(x, batch_size=k) for x in b], args.reps)
