@@ -149,6 +149,8 @@ class ControlLoop:
                 level_queue[lv] = int(self.queue.qsize(lv)) + int(self.queue.pending(lv))
             except Exception as exc:
                 log.warning("queue depth of %s unavailable: %s", lv, exc)
+        for lv, depth in level_queue.items():
+            self.metrics.backlog.labels(lv).set(depth)
         workers = tuple(sorted(alive))
         current = {w: info.get("level") for w, info in alive.items()}
         loading = {w: info["loading"] for w, info in alive.items() if info.get("loading")}

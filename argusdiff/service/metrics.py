@@ -34,6 +34,10 @@ class ServiceMetrics:
             registry=r,
         )
         self.queue_depth = Gauge("argusdiff_queue_depth", "Images queued or running per level", ["level"], registry=r)
+        self.backlog = Gauge(
+            "argusdiff_queue_backlog", "Items in the level's queue (queued + taken, not acked), per control tick",
+            ["level"], registry=r,
+        )  # fmt: skip
         self.plan_changes = Counter("argusdiff_plan_changes", "Plans published with a changed allocation", registry=r)
         self.plan_version = Gauge("argusdiff_plan_version", "Version of the plan in force", registry=r)
         self.predicted_qpm = Gauge("argusdiff_predicted_qpm", "Demand the plan was made for (QPM)", registry=r)
