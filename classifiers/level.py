@@ -288,15 +288,19 @@ class LevelClassifier:
     def logits(self, prompts: Sequence[str], *, batch_size: int = 64) -> np.ndarray:
         """Raw logits (n, levels) of non-empty prompts."""
         torch = _torch()
+        if not len(prompts):
+            return np.zeros((0, len(self.level_ids)), dtype=np.float32)
+        # batch prompts of similar length together (less padding), then restore the input order
+        order = np.argsort([len(p) for p in prompts], kind="stable")
         out = []
         with torch.inference_mode():
             for start in range(0, len(prompts), batch_size):
-                enc = self.tokenize(prompts[start : start + batch_size])
+                enc = self.tokenize([prompts[i] for i in order[start : start + batch_size]])
                 enc = {k: v.to(self.device) for k, v in enc.items()}
                 out.append(self.forward(enc).float().cpu().numpy())
-        if not out:
-            return np.zeros((0, len(self.level_ids)), dtype=np.float32)
-        return np.concatenate(out)
+        logits = np.empty((len(prompts), len(self.level_ids)), dtype=np.float32)
+        logits[order] = np.concatenate(out)
+        return logits
 
     def predict_proba(self, prompts: Sequence[str], *, batch_size: int = 64) -> np.ndarray:
         """P(optimal level = v | prompt), shape (n, levels), rows sum to 1."""

@@ -223,12 +223,16 @@ def _pooled_states(clf: Any, prompts: Sequence[str], batch_size: int, progress: 
     from tqdm.auto import tqdm
 
     out = []
+    order = np.argsort([len(p) for p in prompts], kind="stable")  # similar lengths batch together
     starts = range(0, len(prompts), batch_size)
     with torch.inference_mode():
         for start in tqdm(starts, desc="encoding prompts", unit="batch", disable=not progress, leave=False):
-            enc = clf.tokenize(prompts[start : start + batch_size])
+            enc = clf.tokenize([prompts[i] for i in order[start : start + batch_size]])
             out.append(clf.encode(enc).clone())
-    return torch.cat(out)
+    feats = torch.cat(out)
+    restored = torch.empty_like(feats)
+    restored[torch.as_tensor(order)] = feats
+    return restored
 
 
 def _torch():

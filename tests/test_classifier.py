@@ -308,3 +308,10 @@ def test_load_for_profile_from_settings(tiny_bert, tmp_path):  # noqa: F811
         load_for_profile(profile, ClassifierConfig())
     with pytest.raises(ModelMismatchError):
         load_for_profile(load_profile("sdxl-ac-a100"), ClassifierConfig(models={"ac": str(tmp_path / "sm")}))
+
+
+def test_length_sorted_batches_keep_input_order(trained):
+    _, clf, _ = trained
+    prompts = ["red apple " * 9, "dragon castle", "portrait of a woman in a long red coat by the sea", "x"]
+    one_by_one = np.vstack([clf.predict_proba([p]) for p in prompts])
+    np.testing.assert_allclose(clf.predict_proba(prompts, batch_size=3), one_by_one, atol=1e-5)
