@@ -20,7 +20,9 @@ On top of the optimum:
 
 * **Saturation**: when the demand exceeds what every worker at the fastest level can serve, the
   plan is the maximum-throughput plan with ``saturated=True`` and ``shortfall_qpm``; solver
-  failures never reach the caller (the exact path answers when a MILP backend fails).
+  failures never reach the caller: the exact path answers when a MILP backend fails, the
+  aggregated MILP when the exact search hits its node limit, and if both fail the best plan the
+  search found or else the maximum-throughput plan (always a valid plan, with a note).
 * **Switch cost**: with the current assignment, among plans within ``switch_tolerance``
   (relative) of the best quality the one that moves the fewest workers, weighted by model load
   time (:func:`solver.exact.switch_cost`), is chosen; ``moved_workers`` reports the moves.
@@ -65,7 +67,9 @@ class Allocation:
     moved_workers: int = 0
     switch_cost: float = 0.0  # 1 per moved worker + model load seconds
     solve_s: float = 0.0
-    backend: str = "exact"  # "exact", "highs" or "gurobi" (the one that produced the counts)
+    # the one that produced the counts: "exact", "highs", "gurobi", "exact+highs"/"exact+gurobi"
+    # (switch-cost pass), or after solver failures "exact-incumbent" / "fallback" (see notes)
+    backend: str = "exact"
     formulation: str = "exact"
     notes: tuple[str, ...] = field(default=())
 
@@ -432,9 +436,7 @@ def allocate(
         else:
             notes.append(f"saturated: demand {demand_qpm:.1f} QPM exceeds the maximum capacity {max_cap:.1f} QPM")
         # maximum-throughput plan: every worker at the fastest level (best quality among ties)
-        fastest = max(range(L), key=lambda v: (data.peak[v], data.quality[v]))
-        counts = [0] * L
-        counts[fastest] = W
+        counts = _throughput_counts(data, W)
         return _result(
             levels,
             ids,
@@ -469,7 +471,9 @@ def allocate(
                 got, res = got2, res2
         if got is None:
             notes.append(f"{res.backend} returned {res.status} ({res.message}); answered by the exact solver")
-            counts, used_backend = _solve_exact(data, W, D, cur_counts, current_idx, switch_tolerance, notes)
+            counts, used_backend = _solve_exact(
+                data, W, D, cur_counts, current_idx, switch_tolerance, notes, backend, time_limit_s
+            )
         else:
             filled = _fill_switch(data, got, W, cur_counts) if current_idx else _fill(data, got, W)
             counts, used_backend = filled, res.backend
@@ -487,7 +491,9 @@ def allocate(
                 got, res = got2, res2
         if got is None:
             notes.append(f"{res.backend} returned {res.status} ({res.message}); answered by the exact solver")
-            counts, used_backend = _solve_exact(data, W, D, cur_counts, current_idx, switch_tolerance, notes)
+            counts, used_backend = _solve_exact(
+                data, W, D, cur_counts, current_idx, switch_tolerance, notes, backend, time_limit_s
+            )
         else:
             cnt = [sum(1 for v in got if v == i) for i in range(L)]
             counts, used_backend = _fill(data, cnt, W), res.backend
@@ -521,6 +527,20 @@ def _fill(data: LevelData, counts: Sequence[int], W: int) -> list[int]:
     return out
 
 
+# Node budget of the exact search; far above what any tested instance needs (a module constant
+# so tests can force the fallback path).
+EXACT_NODE_LIMIT = 2_000_000
+
+
+def _throughput_counts(data: LevelData, W: int) -> list[int]:
+    """Every worker at the fastest level (best quality among ties): feasible whenever the demand
+    is within the maximum capacity, which :func:`allocate` checks before solving."""
+    fastest = max(range(len(data)), key=lambda v: (data.peak[v], data.quality[v]))
+    counts = [0] * len(data)
+    counts[fastest] = W
+    return counts
+
+
 def _solve_exact(
     data: LevelData,
     W: int,
@@ -532,16 +552,28 @@ def _solve_exact(
     backend: str = "auto",
     time_limit_s: float = 5.0,
 ) -> tuple[list[int], str]:
-    solver = ExactSolver(data, W, D)
+    """The optimal counts by the exact search. Never raises on a solver failure: if the search
+    hits its node limit the aggregated MILP answers; if that fails too, the best plan the search
+    found so far, else the maximum-throughput plan (each fallback is noted)."""
+    solver = ExactSolver(data, W, D, node_limit=EXACT_NODE_LIMIT)
     try:
         got = solver.solve()
-    except NodeLimit:  # pragma: no cover - not reached on any tested instance
-        notes.append("exact search hit its node limit; answered by the aggregated MILP")
-        counts, res = _milp_aggregated(data, W, D, "highs", 30.0)
-        if counts is None:
-            raise RuntimeError(f"allocation failed: {res.message}") from None
-        return _fill(data, counts, W), res.backend
-    assert got is not None, "feasibility was checked before"
+    except NodeLimit:
+        notes.append(f"exact search hit its node limit ({EXACT_NODE_LIMIT}); answered by the aggregated MILP")
+        counts, res = _milp_aggregated(data, W, D, backend, max(time_limit_s, 30.0))
+        if counts is not None:
+            return _fill(data, counts, W), res.backend
+        if solver.best is not None:
+            notes.append(
+                f"{res.backend} returned {res.status} ({res.message}); "
+                "using the best plan the exact search found before its node limit"
+            )
+            return list(solver.best), "exact-incumbent"
+        notes.append(f"{res.backend} returned {res.status} ({res.message}); using the maximum-throughput plan")
+        return _throughput_counts(data, W), "fallback"
+    if got is None:  # pragma: no cover - feasibility was checked before; numerical safety net
+        notes.append("exact search found no plan; using the maximum-throughput plan")
+        return _throughput_counts(data, W), "fallback"
     counts, value = got
     if current_idx and switch_cost(data, counts, cur_counts)[0] > 0:
         # switch-cost pass: the aggregated MILP, minimum switch cost s.t. value >= threshold

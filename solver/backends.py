@@ -134,12 +134,20 @@ def solve_milp(
     """
     check_backend(backend)
     if backend in ("auto", "gurobi") and gurobi_available():
-        res = _solve_gurobi(c, A, row_lo, row_hi, col_lo, col_hi, integrality, sense, time_limit_s)
+        try:
+            res = _solve_gurobi(c, A, row_lo, row_hi, col_lo, col_hi, integrality, sense, time_limit_s)
+        except Exception as exc:  # never surface raw solver errors; HiGHS answers instead
+            _log_fallback(f"gurobipy failed: {exc!r}")
+            res = None
         if res is not None:
             return res
     elif backend == "gurobi":
         _log_fallback("gurobipy is not installed or has no licence")
-    return _solve_highs(c, A, row_lo, row_hi, col_lo, col_hi, integrality, sense, time_limit_s, presolve)
+    try:
+        return _solve_highs(c, A, row_lo, row_hi, col_lo, col_hi, integrality, sense, time_limit_s, presolve)
+    except Exception as exc:  # never surface raw solver errors: the caller sees status "error"
+        log.warning("HiGHS failed: %r", exc)
+        return SolveResult("error", None, None, "highs", f"HiGHS failed: {exc}")
 
 
 def _as_csc(A):

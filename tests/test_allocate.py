@@ -315,3 +315,72 @@ def test_exact_matches_the_milp_on_unordered_levels(inst):
     b = allocate(levels, W, demand, formulation="aggregated", backend="highs")
     assert a.expected_quality == pytest.approx(b.expected_quality, abs=1e-7)
     assert a.capacity_qpm >= demand - 1e-6
+
+
+# --- solver failures never reach the caller --------------------------------------------------------
+
+
+def _check_valid(a, levels, W, demand):
+    assert sum(a.counts) == W and len(a.counts) == len(levels)
+    assert a.capacity_qpm >= demand - 1e-6
+    assert sum(a.loads_qpm) == pytest.approx(demand)
+    assert sum(a.share) == pytest.approx(1.0)
+    assert sum(1 for v in a.assignment.values() if v is not None) == W
+    assert not a.saturated
+
+
+def _broken_highs(*args, **kwargs):
+    raise RuntimeError("simulated HiGHS crash")
+
+
+@pytest.mark.parametrize("formulation", ["exact", "aggregated", "paper"])
+def test_node_limit_and_failing_milp_still_give_a_plan(sdxl, monkeypatch, formulation):
+    import solver.allocate as alloc
+    from solver import backends
+
+    optimal = allocate(sdxl.levels, 8, 180, formulation="exact")
+    # the exact search stops after its first leaf; every MILP backend crashes
+    monkeypatch.setattr(alloc, "EXACT_NODE_LIMIT", 1)
+    monkeypatch.setattr(backends, "gurobi_available", lambda: False)
+    monkeypatch.setattr(backends, "_solve_highs", _broken_highs)
+    a = allocate(sdxl.levels, 8, 180, formulation=formulation, backend="highs")
+    _check_valid(a, sdxl.levels, 8, 180)
+    assert any("node limit" in n for n in a.notes)
+    assert any("HiGHS failed: simulated HiGHS crash" in n for n in a.notes)
+    assert a.backend in ("exact-incumbent", "fallback")
+    assert a.expected_quality <= optimal.expected_quality + 1e-12
+
+
+def test_node_limit_without_incumbent_gives_the_max_throughput_plan(sdxl, monkeypatch):
+    import solver.allocate as alloc
+    from solver.backends import SolveResult
+
+    monkeypatch.setattr(alloc, "EXACT_NODE_LIMIT", 0)  # not even one node
+    monkeypatch.setattr(alloc, "solve_milp", lambda *a, **k: SolveResult("error", None, None, "highs", "boom"))
+    a = allocate(sdxl.levels, 8, 180, formulation="exact")
+    _check_valid(a, sdxl.levels, 8, 180)
+    assert a.backend == "fallback"
+    assert a.counts == (0, 0, 0, 0, 0, 8)  # every worker at the fastest level
+    assert any("maximum-throughput" in n for n in a.notes)
+
+
+def test_node_limit_answered_by_the_milp(sdxl, monkeypatch):
+    import solver.allocate as alloc
+
+    monkeypatch.setattr(alloc, "EXACT_NODE_LIMIT", 1)
+    a = allocate(sdxl.levels, 8, 180, formulation="exact", backend="highs")
+    assert a.counts == (0, 0, 0, 1, 7, 0) and a.backend == "highs"  # the optimum, by the MILP
+    assert any("node limit" in n for n in a.notes)
+
+
+def test_milp_backend_crash_is_a_status_not_an_exception(monkeypatch):
+    import numpy as np
+
+    from solver import backends
+
+    monkeypatch.setattr(backends, "gurobi_available", lambda: False)
+    monkeypatch.setattr(backends, "_solve_highs", _broken_highs)
+    res = backends.solve_milp(
+        np.ones(1), np.ones((1, 1)), np.zeros(1), np.ones(1), np.zeros(1), np.ones(1), np.zeros(1, dtype=bool)
+    )
+    assert res.status == "error" and not res.ok and "simulated" in res.message
