@@ -180,6 +180,18 @@ class ReplayConfig(_Section):
     cache_latency_s: float = Field(0.05, ge=0, description="simulated cache retrieval latency (lookup + fetch)")
     cache_prefill: float = Field(0.5, ge=0, le=1, description="share of the prompt set cached before the trace")
     jitter: float = Field(0.0, ge=0, description="sigma of a log-normal multiplier on service times")
+    tier_slo_factors: dict[str, float] = Field(
+        default_factory=lambda: {"interactive": 1.0, "standard": 1.0, "batch": 4.0},
+        description="SLO multiplier of each request tier on the replay SLO (requests without their own SLO)",
+    )
+
+    @field_validator("tier_slo_factors")
+    @classmethod
+    def _positive_tier_factors(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = {k: f for k, f in v.items() if not f > 0}
+        if bad:
+            raise ValueError(f"tier multipliers must be > 0, got {bad}")
+        return v
 
 
 class ServiceConfig(_Section):

@@ -79,6 +79,7 @@ class ReplaySpec:
     faults: str | None = None
     slo_s: float | None = None  # None: slo_factor × the slowest level of the primary profile
     slo_factor: float = 3.0
+    tier_slo: dict[str, float] | None = None  # tier -> SLO multiplier; None: simulator defaults
     classifier: str | None = None  # path to a trained LevelClassifier; None: oracle stand-in
     confusion: float = 0.1
     jitter: float = 0.0
@@ -266,7 +267,11 @@ def prepare(spec: ReplaySpec, *, log: Callable[[str], None] | None = None):
         embeddings = encode_prompts(list(prompts.prompts))
         similarity_source = "MiniLM (all-MiniLM-L6-v2) prompt embeddings, cosine"
     from argusdiff.simulator import build_workload
+    from argusdiff.simulator.workload import trace_deadlines
 
+    req_slo, req_tier, slo_note = trace_deadlines(trace)
+    if slo_note:
+        say(slo_note)
     wl = build_workload(
         trace.arrivals_s,
         prompt_idx,
@@ -280,6 +285,9 @@ def prepare(spec: ReplaySpec, *, log: Callable[[str], None] | None = None):
         similarity_source=similarity_source,
         confidence_source=confidence_source,
         trace_name=trace.name or str(spec.trace),
+        slo_s=req_slo,
+        tier=req_tier,
+        slo_note=slo_note,
     )
     provenance = {
         "trace": str(spec.trace),
@@ -299,6 +307,8 @@ def prepare(spec: ReplaySpec, *, log: Callable[[str], None] | None = None):
         "seed": spec.seed,
         "faults": spec.faults or "",
         "cache_prefill": spec.cache_prefill,
+        "per_request_slo": req_slo is not None or req_tier is not None,
+        "slo_note": slo_note,
         "date_note": "simulated cluster; wall-clock numbers depend on the machine",
     }
     return wl, profiles, trace, provenance
@@ -335,6 +345,10 @@ def run_replay(
         raise ConfigError(f"--slo: must be positive, got {spec.slo_s}")
     slo = spec.slo_s if spec.slo_s is not None else primary.default_slo_s(spec.slo_factor)
     provenance["slo_s"] = slo
+    from argusdiff.simulator.engine import DEFAULT_TIER_SLO
+
+    tier_slo = dict(DEFAULT_TIER_SLO if spec.tier_slo is None else spec.tier_slo)
+    provenance["tier_slo"] = tier_slo
     runs: list[tuple[str, str, dict[str, Any]]] = [(n, n, {}) for n in spec.policies]
     if spec.ablation:
         runs += [(label, "argus+", opts) for label, opts in ABLATIONS.items()]
@@ -368,6 +382,7 @@ def run_replay(
             cache_latency_s=spec.cache_latency_s,
             cache_prefill=spec.cache_prefill,
             faults=faults,
+            tier_slo=tier_slo,
         )
         cb = (lambda f, _label=label: progress(_label, f)) if progress else None
         res = simulate(policy, wl, cfg, progress=cb)

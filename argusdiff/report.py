@@ -59,6 +59,7 @@ def format_table(result) -> str:
             f"{_fmt(100 * s['gpu_utilization'], '5.0f')}%{s['model_switches']:>7d}"
             f"{_fmt(s['latency_p99_s'], '8.1f')}{s['dropped']:>8d}"
         )
+    lines += format_tier_table(result)
     p = result.provenance
     lines.append("")
     lines.append(
@@ -77,7 +78,38 @@ def format_table(result) -> str:
     lines.append(f"cache similarity: {p['cache_similarity']}; cache prefilled with {prefill:.0%} of the prompts")
     if p.get("faults"):
         lines.append(f"faults: {p['faults']}")
+    if p.get("slo_note"):
+        lines.append(f"SLOs: {p['slo_note']}")
     return "\n".join(lines)
+
+
+def format_tier_table(result) -> list[str]:
+    """SLO violations per tier (lines), when the trace has per-request tiers or SLOs."""
+    tiers: list[str] = []
+    for s in result.summaries.values():
+        for t in s.get("tiers") or {}:
+            if t not in tiers:
+                tiers.append(t)
+    if not result.provenance.get("per_request_slo") or not tiers:
+        return []
+    order = {"interactive": 0, "standard": 1, "batch": 2}
+    tiers.sort(key=lambda t: (order.get(t, 3), t))
+    head = f"{'policy':<19}" + "".join(f"{t[:14]:>16}" for t in tiers)
+    lines = ["", "SLO violations per tier (requests; SLO s)", head, "-" * len(head)]
+    for label, s in result.summaries.items():
+        row = f"{label:<19}"
+        for t in tiers:
+            d = (s.get("tiers") or {}).get(t)
+            row += f"{'-':>16}" if d is None else f"{_fmt(100 * d['slo_violation_ratio'], '15.1f')}%"
+        lines.append(row)
+    first = next(iter(result.summaries.values()), {})
+    info = ", ".join(
+        f"{t}: {first['tiers'][t]['requests']} req, {first['tiers'][t]['slo_s']:.1f} s"
+        for t in tiers
+        if t in (first.get("tiers") or {})
+    )
+    lines.append(info)
+    return lines
 
 
 def _jsonable(x: Any) -> Any:

@@ -136,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
         faults=args.faults,
         slo_s=args.slo,
         slo_factor=cfg.slo_factor,
+        tier_slo=dict(cfg.tier_slo_factors),
         classifier=args.classifier,
         confusion=args.confusion if args.confusion is not None else cfg.confusion,
         jitter=args.jitter if args.jitter is not None else cfg.jitter,

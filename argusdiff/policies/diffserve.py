@@ -241,7 +241,8 @@ class DiffServe(Policy):
         wait = max(0.0, view.busy_until.get(w, view.now_s) - view.now_s)
         # an idle worker starts this query alone; a busy one takes it in a batch of up to b
         runtime = level.latency(b) if wait > 0 else level.latency(1)
-        if (view.now_s - request.arrival_s) + wait + runtime > self.options.drop_factor * self.slo_s:
+        slo = request.slo_s if request.slo_s is not None else self.slo_s
+        if (view.now_s - request.arrival_s) + wait + runtime > self.options.drop_factor * slo:
             return Assignment(level=None, worker=w, dropped=True, reason="predicted to miss 1.5 x SLO")
         return Assignment(level=level.id, worker=w)
 

@@ -41,13 +41,16 @@ from typing import Any
 
 import numpy as np
 
-from argusdiff.domain import ApproxLevel, ClusterStats, Plan, Profile, Request, Strategy
+from argusdiff.domain import ApproxLevel, ClusterStats, Plan, Profile, Request, Strategy, Tier
 from argusdiff.errors import ConfigError
 from argusdiff.policies.base import Policy, RouteView
 from argusdiff.simulator.faults import Fault
 from argusdiff.simulator.workload import Workload
 
-__all__ = ["SimConfig", "SimResult", "Simulator", "simulate"]
+__all__ = ["DEFAULT_TIER_SLO", "SimConfig", "SimResult", "Simulator", "simulate"]
+
+# SLO multiplier per tier on the deployment SLO (batch work tolerates 4x the delay)
+DEFAULT_TIER_SLO: dict[str, float] = {"interactive": 1.0, "standard": 1.0, "batch": 4.0}
 
 INF = math.inf
 # request status
@@ -70,8 +73,13 @@ class SimConfig:
     faults: tuple[Fault, ...] = ()
     warm_start: bool = True  # the first plan's models are loaded before the trace starts
     cache_prefill: float = 0.0  # share of the prompt set whose latents are cached before the trace
+    # tier -> multiplier on ``slo_s`` for requests without an explicit per-request SLO
+    tier_slo: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_TIER_SLO))
 
     def __post_init__(self) -> None:
+        for tier, factor in self.tier_slo.items():
+            if not (isinstance(factor, int | float) and math.isfinite(factor) and factor > 0):
+                raise ConfigError(f"tier_slo: multiplier of tier {tier!r} must be a positive number, got {factor!r}")
         if self.gpus < 1:
             raise ConfigError(f"gpus must be >= 1, got {self.gpus}")
         if self.period_s <= 0:
@@ -91,6 +99,9 @@ class SimResult:
     config: SimConfig
     slo_s: float
     workload: Workload
+    req_slo_s: np.ndarray  # each request's SLO (seconds after arrival)
+    tier_names: tuple[str, ...]  # tiers present, indexed by ``tier``
+    tier: np.ndarray  # per request index into ``tier_names``
     level_ids: tuple[str, ...]  # catalog of every level the run could use
     level_profile: tuple[str, ...]  # profile name per catalog level
     status: np.ndarray
@@ -154,6 +165,7 @@ class Simulator:
         self.progress = progress
         cfg = self.cfg
         self.slo_s = cfg.slo_s if cfg.slo_s is not None else policy.profile.default_slo_s()
+        self._request_slos()
         profiles: list[Profile] = [policy.profile]
         fb = getattr(policy.options, "fallback", None)
         if fb is not None and fb.name != policy.profile.name:
@@ -186,6 +198,48 @@ class Simulator:
             self.spec = spec
         self.needs_similarity = any(lv.strategy is Strategy.AC for lv in self.levels.values())
 
+    def _request_slos(self) -> None:
+        """Each request's SLO: its explicit SLO when the workload has one, else the deployment
+        SLO times its tier's multiplier (``SimConfig.tier_slo``; ``standard`` when untiered)."""
+        wl, cfg = self.wl, self.cfg
+        n = wl.n_requests
+        if wl.tier is None:
+            names: tuple[str, ...] = (Tier.STANDARD.value,)
+            codes = np.zeros(n, dtype=np.int8)
+        else:
+            names = tuple(sorted(set(wl.tier)))
+            pos = {t: k for k, t in enumerate(names)}
+            codes = np.fromiter((pos[t] for t in wl.tier), dtype=np.int8, count=n)
+        unknown = [t for t in names if t not in cfg.tier_slo]
+        if unknown:
+            raise ConfigError(
+                f"tier_slo: no SLO multiplier for tier(s) {', '.join(map(repr, unknown))} of the trace "
+                f"(configured: {', '.join(cfg.tier_slo)})"
+            )
+        factors = np.array([cfg.tier_slo[t] for t in names], dtype=np.float64)
+        slo = self.slo_s * factors[codes]
+        if wl.slo_s is not None:
+            explicit = np.isfinite(wl.slo_s)
+            slo = np.where(explicit, wl.slo_s, slo)
+        self.req_slo = slo
+        self.tier_names = names
+        self.tier_codes = codes
+        # Request objects carry the tier as the domain enum when it is one, else the name
+        self._tier_obj = tuple(Tier(t) if t in Tier._value2member_map_ else t for t in names)
+        self._explicit = wl.slo_s is not None or wl.tier is not None
+
+    def _request(self, i: int, p: int) -> Request:
+        if not self._explicit:
+            return Request(id=str(i), prompt=self.wl.prompts[p], arrival_s=float(self.wl.arrivals_s[i]), prompt_idx=p)
+        return Request(
+            id=str(i),
+            prompt=self.wl.prompts[p],
+            arrival_s=float(self.wl.arrivals_s[i]),
+            prompt_idx=p,
+            slo_s=float(self.req_slo[i]),
+            tier=self._tier_obj[self.tier_codes[i]],  # type: ignore[arg-type]
+        )
+
     # ---- cache model ---------------------------------------------------------------------
 
     def cache_up(self, t: float) -> bool:
@@ -214,7 +268,6 @@ class Simulator:
         n = wl.n_requests
         arr = wl.arrivals_s
         pidx = wl.prompt_idx
-        prompts = wl.prompts
         G = cfg.gpus
         self.wids = tuple(f"w{k}" for k in range(G))
         self.widx = {w: k for k, w in enumerate(self.wids)}
@@ -318,7 +371,7 @@ class Simulator:
             view.cache_healthy = up_cache
             if needs_sim:
                 view.cache_similarity = self.similarity(p) if up_cache else None
-            req = Request(id=str(i), prompt=prompts[p], arrival_s=t, prompt_idx=p)
+            req = self._request(i, p)
             a = route(req, plan, view)
             if a.dropped or a.level is None:
                 self.status[i] = DROPPED
@@ -348,6 +401,9 @@ class Simulator:
             config=cfg,
             slo_s=self.slo_s,
             workload=wl,
+            req_slo_s=self.req_slo,
+            tier_names=self.tier_names,
+            tier=self.tier_codes,
             level_ids=self.catalog,
             level_profile=tuple(self.level_profile[lv].name for lv in self.catalog),
             status=self.status,
@@ -528,7 +584,7 @@ class Simulator:
         view.cache_healthy = up_cache
         if self.needs_similarity:
             view.cache_similarity = self.similarity(p) if up_cache else None
-        req = Request(id=str(i), prompt=self.wl.prompts[p], arrival_s=float(self.wl.arrivals_s[i]), prompt_idx=p)
+        req = self._request(i, p)
         a = self.policy.route(req, plan, view)
         if a.dropped or a.level is None:
             self.status[i] = DROPPED
@@ -539,7 +595,7 @@ class Simulator:
         p = int(self.wl.prompt_idx[i])
         view = self.view
         view.now_s = t
-        req = Request(id=str(i), prompt=self.wl.prompts[p], arrival_s=float(self.wl.arrivals_s[i]), prompt_idx=p)
+        req = self._request(i, p)
         a = self.policy.route_heavy(req, plan, view)  # type: ignore[attr-defined]
         if a.level is None and not a.dropped:
             return  # the policy keeps the light image

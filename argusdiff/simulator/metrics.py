@@ -1,8 +1,9 @@
 """Per-minute and whole-run metrics of a simulation (ARGUS §5 / DiffServe §4 definitions).
 
 * offered load: arrivals per minute (QPM); throughput: completions per minute;
-* SLO violation ratio: share of requests (by arrival minute) not served within the SLO — a
-  dropped request counts as violated;
+* SLO violation ratio: share of requests (by arrival minute) not served within *their own* SLO
+  (per-request deadline, or the deployment SLO × the request's tier multiplier) — a dropped
+  request counts as violated; ``summarize`` also splits it per tier;
 * effective quality: mean quality of the requests served within the SLO; relative quality: the
   same over each prompt's quality at the best level of its profile;
 * goodput: requests served within the SLO per minute;
@@ -19,7 +20,27 @@ import numpy as np
 
 from argusdiff.simulator.engine import DROPPED, SERVED, SimResult
 
-__all__ = ["minute_metrics", "summarize"]
+__all__ = ["minute_metrics", "summarize", "tier_breakdown"]
+
+
+def tier_breakdown(res: SimResult, ok: np.ndarray) -> dict[str, dict[str, Any]]:
+    """Per tier: requests, within SLO, dropped, best effort, violation ratio, median SLO."""
+    out: dict[str, dict[str, Any]] = {}
+    for k, name in enumerate(res.tier_names):
+        sel = res.tier == k
+        n = int(sel.sum())
+        if n == 0:
+            continue
+        good = int(np.sum(ok & sel))
+        out[name] = {
+            "requests": n,
+            "within_slo": good,
+            "dropped": int(np.sum(sel & (res.status == DROPPED))),
+            "best_effort": int(np.sum(sel & res.best_effort)),
+            "slo_violation_ratio": 1.0 - good / n,
+            "slo_s": float(np.median(res.req_slo_s[sel])),
+        }
+    return out
 
 
 def _spread(intervals: list[tuple[int, float, float]] | list, minutes: int) -> np.ndarray:
@@ -48,7 +69,7 @@ def minute_metrics(res: SimResult) -> dict[str, np.ndarray]:
     minutes = max(1, math.ceil(max(res.end_s, float(arr[-1]) if len(arr) else 0.0) / 60.0 + 1e-9))
     served = res.status == SERVED
     latency = np.where(served, res.finish_s - arr, np.inf)
-    ok = served & (latency <= res.slo_s + 1e-9)
+    ok = served & (latency <= res.req_slo_s + 1e-9)
     am = np.minimum((arr // 60).astype(np.int64), minutes - 1)
     offered = np.bincount(am, minlength=minutes).astype(np.float64)
     good = np.bincount(am[ok], minlength=minutes).astype(np.float64)
@@ -96,7 +117,7 @@ def summarize(res: SimResult, minutes: dict[str, np.ndarray] | None = None) -> d
     n = len(arr)
     served = res.status == SERVED
     latency = np.where(served, res.finish_s - arr, np.inf)
-    ok = served & (latency <= res.slo_s + 1e-9)
+    ok = served & (latency <= res.req_slo_s + 1e-9)
     n_ok = int(ok.sum())
     lat_served = latency[served]
     mix = {lv: int(np.sum(served & (res.level == k))) for k, lv in enumerate(res.level_ids)}
@@ -127,6 +148,8 @@ def summarize(res: SimResult, minutes: dict[str, np.ndarray] | None = None) -> d
         "latency_p50_s": float(np.median(lat_served)) if len(lat_served) else float("nan"),
         "latency_p99_s": float(np.quantile(lat_served, 0.99)) if len(lat_served) else float("nan"),
         "level_mix": {lv: c / total_served for lv, c in mix.items() if c},
+        "tiers": tier_breakdown(res, ok),
+        "slo_note": wl.slo_note,
         "plans": len(res.plans),
         "wall_s": res.wall_s,
         "quality_source": wl.quality_source,

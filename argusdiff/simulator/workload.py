@@ -15,7 +15,35 @@ import numpy as np
 from argusdiff.domain import Profile
 from argusdiff.errors import ConfigError
 
-__all__ = ["Workload", "build_workload", "nearest_neighbours"]
+__all__ = ["Workload", "build_workload", "nearest_neighbours", "trace_deadlines"]
+
+# Trace formats whose per-request deadlines are not text-to-image deadlines: Proteus' (and its
+# Twitter-derived traces') deadlines are image-classification-scale milliseconds.
+CLASSIFICATION_DEADLINE_FORMATS = frozenset({"proteus"})
+
+
+def trace_deadlines(trace: Any) -> tuple[np.ndarray | None, tuple[str, ...] | None, str]:
+    """Per-request SLOs and tiers of a ``traces.trace.Trace`` for the simulator, with a note.
+
+    Explicit SLOs are honoured except from formats in :data:`CLASSIFICATION_DEADLINE_FORMATS`,
+    which are ignored (the note says so); tiers are always kept.
+    """
+    slo = getattr(trace, "slo_s", None)
+    tier = getattr(trace, "tier", None)
+    fmt = str(getattr(trace, "format", "") or "")
+    notes = []
+    if slo is not None and fmt in CLASSIFICATION_DEADLINE_FORMATS:
+        ms = float(np.median(slo)) * 1000.0
+        notes.append(
+            f"per-request deadlines of the {fmt} trace ignored (image-classification scale, median "
+            f"{ms:.0f} ms; not text-to-image deadlines)"
+        )
+        slo = None
+    elif slo is not None:
+        notes.append("per-request SLOs from the trace")
+    if tier is not None:
+        notes.append("per-request tiers from the trace")
+    return slo, (None if tier is None else tuple(tier)), "; ".join(notes)
 
 
 @dataclass
@@ -28,6 +56,10 @@ class Workload:
     list, per prompt, the most similar other prompts (cosine, descending) for the cache model;
     ``None`` means only an exact repeat of a prompt is a cache hit. ``confidence`` is the cascade
     discriminator's confidence in the light image per prompt.
+
+    Per request (optional, arrival order): ``slo_s`` an explicit deadline relative to arrival in
+    seconds (NaN: none, the tier's SLO applies) and ``tier`` the service tier name (``None``: every
+    request is ``standard``). ``slo_note`` says where they came from or why they were ignored.
     """
 
     arrivals_s: np.ndarray
@@ -44,16 +76,34 @@ class Workload:
     similarity_source: str = "exact repeats only"
     confidence_source: str = ""
     trace_name: str = ""
+    slo_s: np.ndarray | None = None
+    tier: tuple[str, ...] | None = None
+    slo_note: str = ""
 
     def __post_init__(self) -> None:
         self.arrivals_s = np.asarray(self.arrivals_s, dtype=np.float64)
         self.prompt_idx = np.asarray(self.prompt_idx, dtype=np.int64)
         if self.arrivals_s.shape != self.prompt_idx.shape:
             raise ConfigError("workload: arrivals and prompt indices differ in length")
-        if len(self.arrivals_s) and np.any(np.diff(self.arrivals_s) < 0):
+        n_req = len(self.arrivals_s)
+        if self.slo_s is not None:
+            self.slo_s = np.asarray(self.slo_s, dtype=np.float64).reshape(-1)
+            if len(self.slo_s) != n_req:
+                raise ConfigError(f"workload: {len(self.slo_s)} per-request SLOs for {n_req} arrivals")
+            if np.any(self.slo_s[np.isfinite(self.slo_s)] <= 0):
+                raise ConfigError("workload: per-request SLOs must be positive")
+        if self.tier is not None:
+            self.tier = tuple(str(t) for t in self.tier)
+            if len(self.tier) != n_req:
+                raise ConfigError(f"workload: {len(self.tier)} tiers for {n_req} arrivals")
+        if n_req and np.any(np.diff(self.arrivals_s) < 0):
             order = np.argsort(self.arrivals_s, kind="stable")
             self.arrivals_s = self.arrivals_s[order]
             self.prompt_idx = self.prompt_idx[order]
+            if self.slo_s is not None:
+                self.slo_s = self.slo_s[order]
+            if self.tier is not None:
+                self.tier = tuple(self.tier[k] for k in order)
         n = len(self.prompts)
         if n == 0:
             raise ConfigError("workload: empty prompt set")
@@ -110,6 +160,9 @@ def build_workload(
     similarity_source: str | None = None,
     confidence_source: str = "",
     trace_name: str = "",
+    slo_s: np.ndarray | None = None,
+    tier: Sequence[str] | None = None,
+    slo_note: str = "",
 ) -> Workload:
     """A workload from quality tables (one per profile, rows = ``prompts``) and optional classifiers
     (per profile name; ``None``: the table's true optimal levels)."""
@@ -153,6 +206,9 @@ def build_workload(
         or ("MiniLM prompt embeddings (cosine)" if embeddings is not None else "exact repeats only"),
         confidence_source=confidence_source,
         trace_name=trace_name,
+        slo_s=slo_s,
+        tier=None if tier is None else tuple(tier),
+        slo_note=slo_note,
     )
 
 
@@ -183,6 +239,7 @@ def quick_workload(
 
             confidence = _cascade_confidence(t, p, seed)
     tr = load_trace(trace, seed=seed, n_prompts=len(prompts))
+    slo_s, tier, slo_note = trace_deadlines(tr)
     return build_workload(
         tr.arrivals_s,
         tr.prompt_idx,
@@ -194,4 +251,7 @@ def quick_workload(
         classifier_desc=next(iter(classifiers.values())).description,
         quality_source="SYNTHETIC (traces.synthetic)",
         trace_name=tr.name,
+        slo_s=slo_s,
+        tier=tier,
+        slo_note=slo_note,
     )
