@@ -33,7 +33,7 @@ __all__ = [
 
 DEMO_MODELS = ("tiny-sd", "tiny-sdxl")
 #: Extra demo profiles (SM ladder, cascade) beside the shipped ``demo-cpu`` AC profile.
-DEMO_PROFILE_DIR = Path(__file__).parent / "profiles"
+DEMO_PROFILE_DIR = Path(__file__).resolve().parent.parent / "argusdiff" / "profiles"  # shipped with the package
 _VERSION = "1"  # bump when the configs below change (folders are rebuilt)
 _TEXT_DIM = 32
 _SEED = 0
