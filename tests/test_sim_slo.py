@@ -142,6 +142,11 @@ def test_proteus_deadlines_are_ignored_with_a_note_and_csv_slos_kept():
     )
     assert slo is not None and np.all(slo == 30.0) and tier == ("batch",) * 5
     assert "per-request SLOs" in note and "tiers" in note
+    # a Proteus file rewritten to the native CSV keeps its source: still ignored
+    slo, _tier, note = trace_deadlines(
+        Trace(arrivals_s=arr, slo_s=np.full(5, 0.3), format="argusdiff", source="/d/twitter_proteus_x.txt")
+    )
+    assert slo is None and "ignored" in note
 
 
 def test_simulator_hands_each_request_its_own_deadline_and_tier(ac, sm, base_wl):

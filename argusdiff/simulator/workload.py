@@ -25,12 +25,17 @@ CLASSIFICATION_DEADLINE_FORMATS = frozenset({"proteus"})
 def trace_deadlines(trace: Any) -> tuple[np.ndarray | None, tuple[str, ...] | None, str]:
     """Per-request SLOs and tiers of a ``traces.trace.Trace`` for the simulator, with a note.
 
-    Explicit SLOs are honoured except from formats in :data:`CLASSIFICATION_DEADLINE_FORMATS`,
-    which are ignored (the note says so); tiers are always kept.
+    Explicit SLOs are honoured except from formats in :data:`CLASSIFICATION_DEADLINE_FORMATS`
+    (also when such a file was rewritten to the native format: its ``source`` names it), which are
+    ignored (the note says so); tiers are always kept.
     """
     slo = getattr(trace, "slo_s", None)
     tier = getattr(trace, "tier", None)
     fmt = str(getattr(trace, "format", "") or "")
+    source = str(getattr(trace, "source", "") or "").replace("\\", "/").rsplit("/", 1)[-1].lower()
+    if fmt not in CLASSIFICATION_DEADLINE_FORMATS:
+        # a trace rewritten to the native format keeps its source file in the metadata
+        fmt = next((f for f in CLASSIFICATION_DEADLINE_FORMATS if f in source), fmt)
     notes = []
     if slo is not None and fmt in CLASSIFICATION_DEADLINE_FORMATS:
         ms = float(np.median(slo)) * 1000.0
