@@ -54,6 +54,16 @@ class DriftMonitor:
         self.windows = 0
         self.events: list[DriftEvent] = []
 
+    @classmethod
+    def from_config(cls, config: Any) -> DriftMonitor:
+        """From a ``ClassifierConfig`` (``drift_window``, ``drift_history``, ``drift_tolerance``)."""
+        return cls(
+            window=config.drift_window,
+            history=config.drift_history,
+            tolerance=config.drift_tolerance,
+            min_history=min(2, config.drift_history),
+        )
+
     def add(self, quality: float) -> DriftEvent | None:
         """Record one served request's quality; returns a :class:`DriftEvent` when the window
         this completes has drifted."""

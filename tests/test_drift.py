@@ -98,3 +98,11 @@ def test_failed_retrain_keeps_the_old_model(tiny_bert):  # noqa: F811
     rt.wait(30)
     assert isinstance(rt.last_error, RuntimeError)
     assert slot.classifier is old and slot.version == 1 and rt.retrains == 0
+
+
+def test_monitor_from_settings():
+    from argusdiff.config import ClassifierConfig
+
+    mon = DriftMonitor.from_config(ClassifierConfig(drift_window=50, drift_history=1, drift_tolerance=0.1))
+    assert (mon.window, mon.history, mon.tolerance, mon.min_history) == (50, 1, 0.1, 1)
+    assert mon.extend([10.0] * 50 + [8.0] * 50) != []  # 20 % drop > 10 % tolerance
