@@ -11,17 +11,25 @@
 
 * ``e(b)`` is the profiled batch latency; the light level's also includes the discriminator
   (``discriminator_latency_s`` per image, run on the light worker). ``T(b) = 60 b / e(b)`` QPM.
-* ``q`` is the queueing delay by Little's law, W = L_queue / arrival rate, from the observed
-  queue lengths and arrival rates: the light model's arrival rate is D; the heavy model's is the
-  observed ``arrival_heavy_qpm`` (what the controller saw last period) when given, else the
-  rate the candidate threshold would send it, D * f(t). A query arriving at an empty queue
-  waits 0; a non-empty queue with no arrivals makes that candidate infeasible.
+* ``q`` is the queueing delay. ``queue_model="drain"`` (default): the time the plan's workers
+  need to serve the backlog ahead of a new query, q = Q e(b) / (x b) for Q queued requests on x
+  workers at batch b; convex in the integer x, carried exactly by secant rows (see below); a
+  backlog needs at least one worker of its model. ``queue_model="little"``: the paper's Little's
+  law W = L_queue / arrival rate, the light model's rate D, the heavy model's the observed
+  ``arrival_heavy_qpm`` when given, else D * f(t); a non-empty queue with no arrivals makes that
+  candidate infeasible. Little's law with the few requests a lightly loaded model receives
+  predicts waits of minutes for a queue of two, so light load looked infeasible; the drain time
+  is bounded by what the allocated workers can serve, and is at most Little's estimate whenever
+  the plan's capacity is at least the arrival rate.
 * ``lambda`` is the over-provisioning factor (1.05 in DiffServe) on the EWMA demand D.
 
 The choice of b1, b2 and t is encoded with binaries (one per batch size, one per grid point),
 which makes every function of them linear: the products x*T(b) become one integer count per
-batch size, and f(t), t and the heavy queueing delay become sums over the grid binaries. The
-model has about 230 columns for the 201-point grid, inside the size-limited gurobipy licence.
+batch size, and f(t), t (and Little's heavy delay) become sums over the grid binaries. The model
+has about 230 columns for the 201-point grid, inside the size-limited gurobipy licence. The drain
+delay adds a wait column per model, w >= secant of Q e(b) / (b k) through k and k + 1 for
+k = 1..S and each batch size, relaxed by a big-M for batch sizes not chosen: exact at every
+integer worker count because the function is convex.
 
 When no threshold meets the demand, the plan is the maximum-throughput one (every worker on
 the light model at the largest batch the latency bound allows, t at the bottom of the grid) with
@@ -74,6 +82,19 @@ def _light_latency(light: ApproxLevel, spec: CascadeSpec, b: int) -> float:
     return light.latency(b) + spec.discriminator_latency_s * b
 
 
+QUEUE_MODELS = ("drain", "little")
+
+
+def _drain(queue: float, latency_s: float, batch: int, workers: int) -> float:
+    """Seconds the plan's ``workers`` at ``batch`` need to drain ``queue`` queued requests, the
+    wait of a query arriving behind them: queue * e(b) / (workers * b) (0 for an empty queue)."""
+    if queue <= 0:
+        return 0.0
+    if workers <= 0:
+        return math.inf
+    return queue * latency_s / (workers * batch)
+
+
 def _little(queue: float, rate_qpm: float) -> float:
     """Little's law W = L / lambda in seconds (0 for an empty queue)."""
     if queue <= 0:
@@ -96,26 +117,57 @@ def cascade_candidates(
     overprovision: float = 1.05,
     arrival_heavy_qpm: float | None = None,
     batch_sizes: Sequence[int] = BATCH_SIZES,
+    queue_model: str = "drain",
 ):
-    """Every (t, b1, b2, x1, x2, latency) meeting Eq. 1-4 with the fewest workers per model, by
-    enumeration. The reference the MILP is tested against, and the answer it must match."""
+    """Every (t, b1, b2, x1, x2, latency) meeting Eq. 1-4, by enumeration. The reference the MILP
+    is tested against, and the answer it must match. Without queues (or with ``queue_model=
+    "little"``) x1, x2 are the fewest workers per model; with the drain model and a backlog they
+    are the split of all workers with the lowest latency (more workers drain faster)."""
     D = demand_qpm * overprovision
-    q1 = _little(queue_light, demand_qpm)
+    q1 = _little(queue_light, demand_qpm) if queue_model == "little" else 0.0
+    drain = queue_model == "drain" and (queue_light > 0 or queue_heavy > 0)
+    best_split: dict[tuple, tuple[float, int, int]] = {}
+
+    def split(b1: int, e1: float, b2: int, e2: float, n1: int, n2: int) -> tuple[float, int, int]:
+        key = (b1, b2, n1, n2)
+        got = best_split.get(key)
+        if got is None:
+            got = (math.inf, n1, n2)
+            for x1 in range(n1, workers - n2 + 1):
+                x2 = workers - x1
+                w = _drain(queue_light, e1, b1, x1) + _drain(queue_heavy, e2, b2, x2)
+                if w < got[0]:
+                    got = (w, x1, x2)
+            best_split[key] = got
+        return got
+
     out = []
     for t, f in zip(spec.thresholds, spec.deferral, strict=True):
-        rate2 = arrival_heavy_qpm if arrival_heavy_qpm is not None else demand_qpm * f
-        q2 = _little(queue_heavy, rate2)
+        if queue_model == "little":
+            rate2 = arrival_heavy_qpm if arrival_heavy_qpm is not None else demand_qpm * f
+            q2 = _little(queue_heavy, rate2)
+        else:
+            q2 = 0.0
         for b1 in batch_sizes:
             e1 = _light_latency(light, spec, b1)
             x1 = math.ceil(D / (60.0 * b1 / e1) - 1e-9) if D > 0 else 0
+            if drain and queue_light > 0:
+                x1 = max(x1, 1)
             for b2 in batch_sizes:
                 e2 = heavy.latency(b2)
-                lat = e1 + q1 + e2 + q2
-                if lat > slo_s + 1e-9:
-                    continue
                 x2 = math.ceil(D * f / (60.0 * b2 / e2) - 1e-9) if D * f > 0 else 0
-                if x1 + x2 <= workers:
-                    out.append((t, b1, b2, x1, x2, lat))
+                if drain and queue_heavy > 0:
+                    x2 = max(x2, 1)
+                if x1 + x2 > workers:
+                    continue
+                if drain:
+                    wait, y1, y2 = split(b1, e1, b2, e2, x1, x2)
+                    lat = e1 + e2 + wait
+                else:
+                    y1, y2 = x1, x2
+                    lat = e1 + q1 + e2 + q2
+                if lat <= slo_s + 1e-9:
+                    out.append((t, b1, b2, y1, y2, lat))
     return out
 
 
@@ -134,6 +186,7 @@ def solve_cascade(
     arrival_heavy_qpm: float | None = None,
     batch_sizes: Sequence[int] = BATCH_SIZES,
     time_limit_s: float = 5.0,
+    queue_model: str = "drain",
 ) -> CascadePlan:
     """Solve DiffServe's MILP for one period. See the module doc."""
     t0 = time.perf_counter()
@@ -150,6 +203,8 @@ def solve_cascade(
         raise ConfigError("queue_light/queue_heavy: queue lengths must be >= 0")
     if not batch_sizes or any(b < 1 for b in batch_sizes):
         raise ConfigError(f"batch_sizes: must be positive integers, got {list(batch_sizes)}")
+    if queue_model not in QUEUE_MODELS:
+        raise ConfigError(f"queue_model: unknown value {queue_model!r}; choose one of {', '.join(QUEUE_MODELS)}")
     if light.id != spec.light or heavy.id != spec.heavy:
         raise ConfigError(f"cascade spec is {spec.light} -> {spec.heavy}, got levels {light.id} -> {heavy.id}")
 
@@ -163,15 +218,22 @@ def solve_cascade(
     e2 = np.array([heavy.latency(b) for b in B])
     T1 = 60.0 * np.array(B) / e1
     T2 = 60.0 * np.array(B) / e2
-    q1 = _little(queue_light, demand_qpm)
-    rate2 = np.full(K, arrival_heavy_qpm) if arrival_heavy_qpm is not None else demand_qpm * fs
-    q2 = np.array([_little(queue_heavy, r) for r in rate2])
-    BIG_LAT = 1e6
-    q2 = np.where(np.isfinite(q2), q2, BIG_LAT)
+    little = queue_model == "little"
+    if little:
+        q1 = _little(queue_light, demand_qpm)
+        rate2 = np.full(K, arrival_heavy_qpm) if arrival_heavy_qpm is not None else demand_qpm * fs
+        q2 = np.array([_little(queue_heavy, r) for r in rate2])
+        BIG_LAT = 1e6
+        q2 = np.where(np.isfinite(q2), q2, BIG_LAT)
+    else:  # drain model: waits are columns w1, w2 bounded below by the drain time of the plan
+        q1 = 0.0
+        q2 = np.zeros(K)
+    drain = (not little) and (queue_light > 0 or queue_heavy > 0)
 
-    # columns: z_k (K), s1_b (nb), s2_b (nb), x1_b (nb), x2_b (nb)
+    # columns: z_k (K), s1_b (nb), s2_b (nb), x1_b (nb), x2_b (nb) [, w1, w2 (drain model)]
     iz, is1, is2, ix1, ix2 = 0, K, K + nb, K + 2 * nb, K + 3 * nb
-    n = K + 4 * nb
+    iw1, iw2 = K + 4 * nb, K + 4 * nb + 1
+    n = K + 4 * nb + (2 if drain else 0)
     rows, lo, hi = [], [], []
 
     def add(coefs: dict[int, float] | np.ndarray, lo_v: float, hi_v: float) -> None:
@@ -199,6 +261,8 @@ def solve_cascade(
     r[is1 : is1 + nb] = e1
     r[is2 : is2 + nb] = e2
     r[iz : iz + K] = q2
+    if drain:
+        r[iw1] = r[iw2] = 1.0
     add(r, -np.inf, slo_s - q1)
     # Eq. 2: sum_b x1_b T1(b) >= D
     r = np.zeros(n)
@@ -218,6 +282,23 @@ def solve_cascade(
     for j in range(nb):
         add({ix1 + j: 1.0, is1 + j: -float(workers)}, -np.inf, 0)
         add({ix2 + j: 1.0, is2 + j: -float(workers)}, -np.inf, 0)
+    if drain:
+        # w_m >= Q_m e_m(b) / (b x_m) for the chosen b: a convex function of the integer count, exact
+        # at every integer by its secants through (k, g(k)), (k+1, g(k+1)), k = 1..S; rows of batch
+        # sizes not chosen are relaxed by M_b (x_b = 0 there). A backlog needs >= 1 worker.
+        for queue, ix, isb, iw, e in ((queue_light, ix1, is1, iw1, e1), (queue_heavy, ix2, is2, iw2, e2)):
+            if queue <= 0:
+                continue
+            r = np.zeros(n)
+            r[ix : ix + nb] = 1
+            add(r, 1, np.inf)
+            for j in range(nb):
+                cj = queue * e[j] / B[j]
+                M = 2.0 * cj
+                for k in range(1, workers + 1):
+                    a = cj / k - cj / (k + 1)
+                    # w + a x_b - M s_b >= c/k + a k - M
+                    add({iw: 1.0, ix + j: a, isb + j: -M}, cj / k + a * k - M, np.inf)
     c = np.zeros(n)
     c[iz : iz + K] = ts
     # Secondary terms, together smaller than a tenth of the grid step so they never trade away
@@ -232,6 +313,10 @@ def solve_cascade(
     integ = np.ones(n, dtype=bool)
     col_lo = np.zeros(n)
     col_hi = np.concatenate([np.ones(K + 2 * nb), np.full(2 * nb, float(workers))])
+    if drain:
+        c[iw1] = c[iw2] = -w_lat
+        integ[iw1] = integ[iw2] = False
+        col_hi = np.concatenate([col_hi, [np.inf, np.inf]])
     A = np.vstack(rows)
     res = solve_milp(
         c, A, np.array(lo), np.array(hi), col_lo, col_hi, integ, sense="max", backend=backend, time_limit_s=time_limit_s
@@ -252,7 +337,10 @@ def solve_cascade(
                 x2 += spare
             else:
                 x1 += spare
-        lat = e1[j1] + q1 + e2[j2] + q2[k]
+        if little:
+            lat = e1[j1] + q1 + e2[j2] + q2[k]
+        else:
+            lat = e1[j1] + _drain(queue_light, e1[j1], B[j1], x1) + e2[j2] + _drain(queue_heavy, e2[j2], B[j2], x2)
         return CascadePlan(
             x_light=x1,
             x_heavy=x2,
@@ -273,11 +361,20 @@ def solve_cascade(
     if res.status not in ("infeasible",):
         notes.append(f"{res.backend} returned {res.status} ({res.message}); planning for maximum throughput")
     # Saturated: every worker on the light model, lowest threshold, largest batch meeting the SLO.
+    # Drain model: a heavy backlog keeps one heavy worker (accepted work is never stranded).
     k = int(np.argmin(fs))
-    lat_ok = [j for j in range(nb) if e1[j] + q1 + e2[0] + q2[k] <= slo_s + 1e-9]
+    x2s = 1 if (not little and queue_heavy > 0 and workers >= 2) else 0
+    x1s = workers - x2s
+    if not little:
+        q1s = np.array([_drain(queue_light, e1[j], B[j], x1s) for j in range(nb)])
+        q2s = _drain(queue_heavy, e2[0], B[0], x2s)
+    else:
+        q1s = np.full(nb, q1)
+        q2s = float(q2[k])
+    lat_ok = [j for j in range(nb) if e1[j] + q1s[j] + e2[0] + q2s <= slo_s + 1e-9]
     feasible = bool(lat_ok)
     j1 = max(lat_ok, key=lambda j: T1[j]) if lat_ok else int(np.argmin(e1))
-    cap1 = workers * T1[j1]
+    cap1 = x1s * T1[j1]
     shortfall = max(0.0, D - cap1)
     saturated = shortfall > 0 or not feasible
     if shortfall > 0:
@@ -285,8 +382,8 @@ def solve_cascade(
     if not feasible:
         notes.append(f"no batch size meets the {slo_s:g} s latency bound with the observed queues")
     return CascadePlan(
-        x_light=workers,
-        x_heavy=0,
+        x_light=x1s,
+        x_heavy=x2s,
         b_light=B[j1],
         b_heavy=B[0],
         threshold=float(ts[k]),
@@ -296,8 +393,8 @@ def solve_cascade(
         shortfall_qpm=float(shortfall),
         demand_qpm=D,
         capacity_light_qpm=float(cap1),
-        capacity_heavy_qpm=0.0,
-        latency_s=float(e1[j1] + q1 + e2[0] + q2[k]),
+        capacity_heavy_qpm=float(x2s * T2[0]),
+        latency_s=float(e1[j1] + q1s[j1] + e2[0] + q2s),
         solve_s=time.perf_counter() - t0,
         backend=res.backend,
         notes=tuple(notes),

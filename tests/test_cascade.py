@@ -83,14 +83,75 @@ def test_queueing_delay_by_littles_law_tightens_the_plan():
     calm = solve_cascade(c, light, heavy, 16, 300, slo)
     # 8 queued heavy requests arriving at 100 QPM wait 8 * 60 / 100 = 4.8 s (Little's law): the
     # heavy model must run at batch 1, which serves fewer deferrals, so the threshold drops
-    busy = solve_cascade(c, light, heavy, 16, 300, slo, queue_heavy=8, arrival_heavy_qpm=100)
+    kw = {"queue_heavy": 8, "arrival_heavy_qpm": 100, "queue_model": "little"}
+    busy = solve_cascade(c, light, heavy, 16, 300, slo, **kw)
     assert busy.latency_s <= slo
     assert (calm.b_heavy, busy.b_heavy) == (2, 1)
     assert busy.threshold < calm.threshold
-    cands = cascade_candidates(c, light, heavy, 16, 300, slo, queue_heavy=8, arrival_heavy_qpm=100)
+    cands = cascade_candidates(c, light, heavy, 16, 300, slo, **kw)
     assert busy.threshold == pytest.approx(max(x[0] for x in cands))
     # a queue that leaves no room at all
-    jammed = solve_cascade(c, light, heavy, 16, 300, slo, queue_heavy=15, arrival_heavy_qpm=100)
+    jammed = solve_cascade(c, light, heavy, 16, 300, slo, queue_heavy=15, arrival_heavy_qpm=100, queue_model="little")
+    assert not jammed.feasible
+
+
+def test_light_load_with_small_queues_is_feasible():
+    """Little's law W = L / lambda with the few requests a model gets at low load says the queue
+    waits minutes (2 heavy requests at 2 QPM: 60 s) and no split looks feasible. The drain model
+    (the backlog served by the plan's workers) finds the plan the cluster can obviously run."""
+    p, c, light, heavy = parts("cascade-sdturbo-sdv15")
+    slo = p.default_slo_s()
+    kw = {"queue_light": 3, "queue_heavy": 2, "arrival_heavy_qpm": 2, "backend": "highs"}
+    old = solve_cascade(c, light, heavy, 8, 20, slo, queue_model="little", **kw)
+    assert not old.feasible and old.saturated  # the reported symptom
+    r = solve_cascade(c, light, heavy, 8, 20, slo, **kw)
+    assert r.feasible and not r.saturated
+    assert r.threshold == 1.0 and r.x_light + r.x_heavy == 8 and r.x_light >= 1 and r.x_heavy >= 1
+    check_plan(r, c, light, heavy, 8, 20, slo)
+    # the reported latency is execution plus each backlog drained by the plan's workers
+    e1 = light.latency(r.b_light) + c.discriminator_latency_s * r.b_light
+    e2 = heavy.latency(r.b_heavy)
+    expect = e1 + 3 * e1 / (r.x_light * r.b_light) + e2 + 2 * e2 / (r.x_heavy * r.b_heavy)
+    assert r.latency_s == pytest.approx(expect)
+    for qm in ("little", "drain"):  # the MILP matches the enumeration under both models
+        cands = cascade_candidates(c, light, heavy, 8, 20, slo, queue_light=3, queue_heavy=2, queue_model=qm)
+        got = solve_cascade(c, light, heavy, 8, 20, slo, queue_light=3, queue_heavy=2, queue_model=qm)
+        assert bool(cands) == got.feasible
+        if cands:
+            assert got.threshold == pytest.approx(max(x[0] for x in cands))
+
+
+@pytest.mark.parametrize("name", CASCADES)
+def test_no_queue_means_no_wait_and_light_load_never_infeasible(name):
+    p, c, light, heavy = parts(name)
+    slo = p.default_slo_s()
+    for demand in (1, 5, 20):
+        for ql, qh in ((0, 0), (1, 0), (0, 1), (3, 2), (8, 8)):
+            r = solve_cascade(c, light, heavy, 8, demand, slo, queue_light=ql, queue_heavy=qh, backend="highs")
+            if qh:
+                assert r.x_heavy >= 1  # a backlog is never stranded, even when nothing is feasible
+            if ql + qh > 8:
+                continue  # 8 + 8 queued SD-XL requests do not fit a 15 s SLO on 8 workers
+            assert r.feasible and not r.saturated, (demand, ql, qh, r.notes)
+            check_plan(r, c, light, heavy, 8, demand, slo)
+
+
+def test_drain_wait_grows_with_the_backlog():
+    """A deep heavy backlog must be drained within the SLO: the threshold falls and, past what
+    every worker can drain in time, nothing is feasible."""
+    p, c, light, heavy = parts("cascade-sdxlltn-sdxl")
+    slo = p.default_slo_s()
+    ts = []
+    for qh in (0, 8, 32, 64):
+        r = solve_cascade(c, light, heavy, 16, 300, slo, queue_heavy=qh, backend="highs")
+        cands = cascade_candidates(c, light, heavy, 16, 300, slo, queue_heavy=qh)
+        assert r.feasible == bool(cands)
+        if cands:
+            assert r.threshold == pytest.approx(max(x[0] for x in cands))
+            check_plan(r, c, light, heavy, 16, 300, slo)
+        ts.append(r.threshold if r.feasible else -1.0)
+    assert ts == sorted(ts, reverse=True) and ts[0] > ts[-1]
+    jammed = solve_cascade(c, light, heavy, 16, 300, slo, queue_heavy=10_000, backend="highs")
     assert not jammed.feasible
 
 
@@ -119,6 +180,7 @@ def test_latency_bound_that_nothing_meets():
         ({"overprovision": 0.9}, "overprovision"),
         ({"backend": "x"}, "backend"),
         ({"queue_light": -1}, "queue"),
+        ({"queue_model": "fifo"}, "queue_model"),
     ],
 )
 def test_bad_input(kwargs, field):
