@@ -182,7 +182,9 @@ def _milp_aggregated(
     rows.append(r), lo.append(D), hi.append(D)  # sum l = D
     r = row()
     r[:L] = 1.0
-    rows.append(r), lo.append(-np.inf), hi.append(W)  # sum n <= W
+    # sum n <= W; in the switch-cost pass sum n = W: every worker gets a level in the final plan,
+    # so a worker the MILP left unassigned would be placed afterwards at a cost it did not see
+    rows.append(r), lo.append(float(W) if sw else -np.inf), hi.append(W)
     for v in range(L):
         r = row()
         r[L + v] = 1.0
@@ -475,7 +477,7 @@ def allocate(
                 data, W, D, cur_counts, current_idx, switch_tolerance, notes, backend, time_limit_s
             )
         else:
-            filled = _fill_switch(data, got, W, cur_counts) if current_idx else _fill(data, got, W)
+            filled = _fill_switch(data, got, W, cur_counts) if current_idx else _canonical(data, got, W, D)
             counts, used_backend = filled, res.backend
             if res.status == "time_limit":
                 notes.append(f"{res.backend} hit the {time_limit_s:g} s time limit; best plan found")
@@ -496,7 +498,8 @@ def allocate(
             )
         else:
             cnt = [sum(1 for v in got if v == i) for i in range(L)]
-            counts, used_backend = _fill(data, cnt, W), res.backend
+            counts = _fill(data, cnt, W) if current_idx else _canonical(data, cnt, W, D)
+            used_backend = res.backend
             if res.status == "time_limit":
                 notes.append(f"{res.backend} hit the {time_limit_s:g} s time limit; best plan found")
     return _result(
@@ -515,6 +518,18 @@ def allocate(
         formulation,
         notes,
     )
+
+
+def _canonical(data: LevelData, counts: Sequence[int], W: int, D: float) -> list[int]:
+    """Among the plans a MILP may return with the same loads, the one the exact search returns:
+    workers a level does not need for its greedy load (and unassigned ones) go to the best-quality
+    level. The value never drops (the same loads stay feasible, the best level gains capacity)."""
+    loads, _ = greedy_loads(data, counts, D)
+    out = [
+        min(c, math.ceil(ld / data.peak[v] - 1e-9)) if ld > EPS else 0
+        for v, (c, ld) in enumerate(zip(counts, loads, strict=True))
+    ]
+    return _fill(data, out, W)
 
 
 def _fill(data: LevelData, counts: Sequence[int], W: int) -> list[int]:
