@@ -110,9 +110,21 @@ def test_plan_cascade(capsys):
     assert "threshold t = 0.195" in out
 
 
+def test_plan_cascade_queue_models(capsys):
+    base = ["--profile", "cascade-sdturbo-sdv15", "--gpus", "8", "--load-qpm", "20", "--queue-light", "3"]
+    base += ["--queue-heavy", "2", "--json"]
+    code, out, _ = run(capsys, *base)
+    drain = json.loads(out)
+    assert code == 0 and drain["feasible"] and drain["threshold"] == 1.0
+    code, out, _ = run(capsys, *base, "--queue-model", "little")
+    little = json.loads(out)
+    assert code == 0 and not little["feasible"]  # Little: 2 heavy requests at <= 20 QPM wait >= 6 s
+
+
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
+        (["--gpus", "4", "--load-qpm", "10", "--queue-model", "fifo"], "--queue-model"),
         (["--gpus", "-2", "--load-qpm", "10"], "--gpus"),
         (["--gpus", "x", "--load-qpm", "10"], "--gpus"),
         (["--gpus", "4", "--load-qpm", "-1"], "--load-qpm"),

@@ -70,6 +70,12 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     )
     parser.add_argument("--queue-light", type=_non_negative_int, default=0, help="cascade: queued light requests")
     parser.add_argument("--queue-heavy", type=_non_negative_int, default=0, help="cascade: queued heavy requests")
+    parser.add_argument(
+        "--queue-model",
+        choices=("drain", "little"),
+        default="drain",
+        help="cascade queueing delay: drain time of the plan's workers (default) or Little's law",
+    )
     parser.add_argument("--config", help="settings TOML file")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(run=run)
@@ -219,6 +225,7 @@ def _run_cascade(args, profile, settings, backend) -> int:
         slo,
         queue_light=args.queue_light,
         queue_heavy=args.queue_heavy,
+        queue_model=args.queue_model,
         overprovision=settings.solver.overprovision * args.margin,
         backend=backend,
         time_limit_s=settings.solver.time_limit_s,
