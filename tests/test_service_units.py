@@ -147,3 +147,31 @@ def test_service_modules_import_no_heavy_libraries():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [(["--port", "99999"], "--port"), (["--workers", "-1"], "--workers"), (["--profile", "nope"], "unknown profile")],
+)
+def test_serve_bad_options_exit_2_naming_the_option(argv, needle, capsys):
+    from argusdiff.cli import main
+
+    assert main(["serve", *argv]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err
+
+
+def test_serve_defaults_to_the_demo_profile_with_its_sm_fallback(monkeypatch):
+    import argparse
+
+    from argusdiff.commands.serve import add_arguments, settings_from_args
+
+    monkeypatch.delenv("ARGUSDIFF_PROFILE", raising=False)
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, "serve")
+    s = settings_from_args(parser.parse_args([]))
+    assert (s.profile, s.service.fallback_profile, s.service.redis_url) == ("demo-cpu", "demo-cpu-sm", None)
+    s = settings_from_args(parser.parse_args(["--profile", "sm-a100", "--redis", "redis://h:1/0", "--api-key", "k"]))
+    assert (s.profile, s.service.fallback_profile, s.service.redis_url, s.service.api_keys) == (
+        "sm-a100", None, "redis://h:1/0", ("k",)
+    )  # fmt: skip

@@ -1,8 +1,8 @@
 """``argusdiff serve``: the REST endpoint, router and control loop (embedded workers by default).
 
-With no arguments it serves the ``demo-cpu`` profile (tiny models) with embedded workers and
-in-process queues, so it runs on a CPU machine. ``--redis URL`` distributes the work over Redis
-Streams to ``argusdiff worker`` processes.
+With no arguments it serves the ``demo-cpu`` profile (tiny models; SM fallback ``demo-cpu-sm``)
+with embedded workers and in-process queues, so it runs on a CPU machine. ``--redis URL``
+distributes the work over Redis Streams to ``argusdiff worker`` processes.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import argparse
 from typing import Any
 
 DEFAULT_PROFILE = "demo-cpu"
+DEFAULT_FALLBACK = "demo-cpu-sm"
 
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
@@ -36,6 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
 
 
 def settings_from_args(args: argparse.Namespace) -> Any:
+    from pydantic import ValidationError
+
     from argusdiff.config import Settings, load_settings
     from argusdiff.errors import ConfigError
 
@@ -58,10 +61,20 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         data["profile"] = args.profile
     elif not _config_sets_profile(args.config):
         data["profile"] = DEFAULT_PROFILE
+        if svc.get("fallback_profile") is None:
+            svc["fallback_profile"] = DEFAULT_FALLBACK  # the demo shows the AC -> SM switch too
     try:
         return Settings.model_validate(data)
-    except Exception as exc:
-        raise ConfigError(f"argusdiff serve: {exc}") from None
+    except ValidationError as exc:
+        options = {f"service.{k}": f"--{k.replace('_', '-')}" for k in explicit}
+        options.update({"service.redis_url": "--redis", "service.stand_in_scale": "--stand-in-workers"})
+        options.update({"service.api_keys": "--api-key", "profile": "--profile"})
+        parts = []
+        for err in exc.errors():
+            field = ".".join(str(p) for p in err["loc"])
+            where = options.get(field, f"[{field.replace('.', '] ', 1)}" if "." in field else field)
+            parts.append(f"{where}: {err['msg']} (got {err.get('input')!r})")
+        raise ConfigError("; ".join(parts)) from None
 
 
 def _config_sets_profile(path: str | None) -> bool:
