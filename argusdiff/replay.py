@@ -87,6 +87,7 @@ class ReplaySpec:
     cache_latency_s: float = 0.05
     cache_prefill: float = 0.5  # share of the prompt set cached before the trace (earlier traffic)
     ablation: bool = False  # add argus+ variants with one part switched off
+    mixed: bool = False  # add argus+ on the merged AC+SM ladder (argusdiff.policies.mixed)
     policy_options: dict[str, Any] = field(default_factory=dict)
 
 
@@ -100,6 +101,8 @@ class ReplayResult:
     minutes: dict[str, dict[str, np.ndarray]]
     summaries: dict[str, dict[str, Any]]
 
+
+MIXED_LABEL = "argus+ (AC+SM)"
 
 ABLATIONS = {
     "argus+ -admission": {"admission": False},
@@ -352,13 +355,21 @@ def run_replay(
     runs: list[tuple[str, str, dict[str, Any]]] = [(n, n, {}) for n in spec.policies]
     if spec.ablation:
         runs += [(label, "argus+", opts) for label, opts in ABLATIONS.items()]
+    override: dict[str, Profile] = {}
+    if spec.mixed:
+        from argusdiff.policies.mixed import merged_ladder
+
+        if profiles["ac"].strategies != {Strategy.AC}:
+            raise ConfigError(f"--mixed: --profile must be an approximate-caching profile, got {profiles['ac'].name!r}")
+        runs.append((MIXED_LABEL, "argus+", {}))
+        override[MIXED_LABEL] = merged_ladder(profiles["ac"], profiles["sm"])
     results: dict[str, Any] = {}
     minutes: dict[str, dict[str, np.ndarray]] = {}
     summaries: dict[str, dict[str, Any]] = {}
     peak = float(trace.peak_qpm)
     for label, name, extra in runs:
         fam = FAMILY[name]
-        prof = profiles[fam]
+        prof = override.get(label, profiles[fam])
         if fam == "ac" and prof.strategies == {Strategy.SM} and name == "nirvana":
             raise ConfigError(f"--profile: nirvana needs an approximate-caching profile, {prof.name!r} is sm")
         period = (spec.period_s or 60.0) if fam != "cascade" else (spec.period_s or spec.cascade_period_s)

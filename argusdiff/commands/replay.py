@@ -83,6 +83,11 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         "--no-embeddings", action="store_true", help="no MiniLM embeddings: only exact prompt repeats are cache hits"
     )
     parser.add_argument("--ablation", action="store_true", help="also run argus+ with each part switched off")
+    parser.add_argument(
+        "--mixed",
+        action="store_true",
+        help="also run argus+ on one ladder merging the AC levels of --profile and the models of --sm-profile",
+    )
     parser.add_argument("--out", default=None, help="output folder: metrics.csv, summary.json, PNG plots, report.html")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots (report.html without figures)")
     parser.add_argument("--json", action="store_true", help="print summary.json to stdout instead of the table")
@@ -144,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
         cache_latency_s=cfg.cache_latency_s,
         cache_prefill=args.cache_prefill if args.cache_prefill is not None else cfg.cache_prefill,
         ablation=args.ablation,
+        mixed=args.mixed,
     )
     if args.period is None and cfg.period_s != 60.0:
         spec.period_s = cfg.period_s
@@ -152,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet and sys.stderr.isatty():
         from tqdm import tqdm
 
-        n_runs = len(policies) + (3 if args.ablation else 0)
+        n_runs = len(policies) + (3 if args.ablation else 0) + (1 if args.mixed else 0)
         bar = tqdm(
             total=n_runs * 100,
             desc="replay",

@@ -17,12 +17,17 @@ from __future__ import annotations
 from argusdiff.domain import Assignment, ClusterStats, Plan, Request, Strategy
 from argusdiff.policies.argus import Argus
 from argusdiff.policies.base import RouteView, select_worker
+from argusdiff.policies.mixed import is_mixed, miss_fallback, needs_cache
 
 __all__ = ["ArgusPlus"]
 
 
 class ArgusPlus(Argus):
     name = "argus+"
+    _cache_key: tuple[str, ...] | None = None
+    _cache_flags: tuple[bool, ...] = ()
+    _mixed: bool = False
+    _k0: dict[str, float] = {}  # noqa: RUF012 - replaced per plan, never mutated
 
     def demand_qpm(self, stats: ClusterStats) -> float:
         predicted = float(self.demand.update(stats.arrival_qpm))
@@ -35,41 +40,111 @@ class ArgusPlus(Argus):
         from solver.allocate import allocate
 
         o = self.options
-        return allocate(
-            profile.levels,
+        levels = profile.levels
+        cache_free = None
+        if is_mixed(profile) and self.cache_degraded(stats):
+            # mixed ladder with a degraded cache: plan only the levels that need no cache hit (the
+            # in-ladder counterpart of ARGUS's AC -> SM switch); the others get no worker and no load
+            cache_free = [i for i, lv in enumerate(levels) if not needs_cache(lv)]
+            levels = tuple(levels[i] for i in cache_free)
+        ids = {lv.id for lv in levels}
+        current = {w: (lv if lv in ids else None) for w, lv in self.current_in(profile, stats).items()}
+        alloc = allocate(
+            levels,
             list(stats.workers),
             demand,
-            current=self.current_in(profile, stats),
+            current=current,
             formulation=o.formulation,
             backend=o.backend,
             switch_tolerance=max(o.switch_tolerance, 0.02) if o.switch_aware else o.switch_tolerance,
             margin=margin,
             time_limit_s=o.time_limit_s,
         )
+        if cache_free is None:
+            return alloc
+        import dataclasses
+
+        n = len(profile.levels)
+
+        def expand(values, zero):
+            out = [zero] * n
+            for k, i in enumerate(cache_free):
+                out[i] = values[k]
+            return tuple(out)
+
+        return dataclasses.replace(
+            alloc,
+            levels=profile.ids,
+            counts=expand(alloc.counts, 0),
+            share=expand(alloc.share, 0.0),
+            loads_qpm=expand(alloc.loads_qpm, 0.0),
+        )
+
+    def _cache_levels(self, plan: Plan) -> tuple[bool, ...]:
+        """Per plan level: needs a cache hit to run at its profiled speed (mixed ladders only)."""
+        key = plan.levels
+        if self._cache_key != key:
+            prof = self.primary if plan.levels == self.primary.ids else (self.fallback or self.primary)
+            self._cache_flags = tuple(needs_cache(prof.level(lv)) for lv in plan.levels)
+            self._mixed = is_mixed(prof)
+            self._k0 = {
+                lv: min(
+                    (x for x in prof.levels if x.model == prof.level(lv).model and x.strategy is Strategy.AC),
+                    key=lambda x: x.skip,
+                ).latency(1)
+                for lv, f in zip(plan.levels, self._cache_flags, strict=True)
+                if f
+            }
+            self._cache_key = key
+        return self._cache_flags
+
+    def _on_miss(self, request: Request, plan: Plan, view: RouteView, a: Assignment, deadline: float) -> Assignment:
+        """Mixed ladder, a cache miss at an AC level: K = 0 on SD-XL if that still meets the
+        deadline, else the best smaller model no slower than the AC level (``miss_fallback``)."""
+        now = view.now_s
+        if max(now, view.busy_until.get(a.worker, now)) + self._k0[a.level] <= deadline:
+            return a
+        r = self.routing(plan)
+        prof = self.primary
+        k = miss_fallback(prof, a.level, [bool(ws) for ws in r.workers])
+        if k is None:
+            return a
+        w = select_worker(r.workers[k], view, self._lat[k])
+        return Assignment(
+            level=plan.levels[k], worker=w, optimal_level=a.optimal_level, reason="cache miss: smaller model"
+        )
 
     def route(self, request: Request, plan: Plan, view: RouteView) -> Assignment:
         a = super().route(request, plan, view)
-        if not self.options.admission or a.level is None or a.worker is None:
+        if a.level is None or a.worker is None:
             return a
-        r = self.routing(plan)
-        now = view.now_s
         deadline = request.arrival_s + (request.slo_s if request.slo_s is not None else self.slo_s)
-        bu = view.busy_until
-        j = r.index[a.level]
-        if max(now, bu.get(a.worker, now)) + self._lat[j] <= deadline:
-            return a
-        ac = plan.strategy is Strategy.AC
-        all_workers = [w for ws in r.workers for w in ws] if ac else None
+        flags = self._cache_levels(plan)
+        mixed = self._mixed
+        ac = plan.strategy is Strategy.AC and not mixed
         hit_ok = True
-        if ac:
+        if ac or mixed:
             from cache.policy import k_for_similarity
 
             sim = view.cache_similarity
             hit_ok = view.cache_healthy and sim is not None and k_for_similarity(sim) > 0
+        r = self.routing(plan)
+        if mixed and not hit_ok and flags[r.index[a.level]]:
+            a = self._on_miss(request, plan, view, a, deadline)
+        if not self.options.admission:
+            return a
+        now = view.now_s
+        bu = view.busy_until
+        j = r.index[a.level]
+        if max(now, bu.get(a.worker, now)) + self._lat[j] <= deadline:
+            return a
+        all_workers = [w for ws in r.workers for w in ws] if ac else None
         n = len(plan.levels)
         for k in range(j + 1, n):
             if ac and not hit_ok:
                 break  # K > 0 would run at K = 0 on a miss: no faster level exists for this prompt
+            if mixed and not hit_ok and flags[k]:
+                continue  # this AC level would run at K = 0
             workers = all_workers if ac else r.workers[k]
             if not workers:
                 continue
@@ -86,6 +161,11 @@ class ArgusPlus(Argus):
         if ac:
             k = (n - 1) if hit_ok else 0
             workers = all_workers
+        elif mixed:
+            # a mixed ladder is not ordered by speed: the fastest usable level with workers
+            usable = [i for i in range(n) if r.workers[i] and (hit_ok or not flags[i])]
+            k = min(usable, key=lambda i: (self._lat[i], -i), default=j)
+            workers = r.workers[k]
         else:
             k = max((i for i in range(n) if r.workers[i]), default=j)
             workers = r.workers[k]

@@ -185,9 +185,14 @@ class Simulator:
                 self.level_profile[lv.id] = prof
         self.catalog = tuple(self.levels)
         self.cat_index = {lv: i for i, lv in enumerate(self.catalog)}
-        self.ac_base = {
-            lv.id: self.level_profile[lv.id].levels[0].id for lv in self.levels.values() if lv.strategy is Strategy.AC
-        }
+        # an AC level that misses the cache runs at K = 0 on its model (the profile's best level of
+        # that model; mixed ladders hold small models too, so not simply levels[0])
+        self.ac_base = {}
+        for lv in self.levels.values():
+            if lv.strategy is Strategy.AC:
+                prof = self.level_profile[lv.id]
+                base = [x for x in prof.levels if x.model == lv.model and x.strategy is Strategy.AC]
+                self.ac_base[lv.id] = min(base, key=lambda x: x.skip).id if base else prof.levels[0].id
         self.cascade = bool(getattr(policy, "cascade", False))
         if self.cascade:
             spec = policy.profile.cascade
@@ -197,6 +202,8 @@ class Simulator:
                 raise ConfigError(f"policy {policy.name!r} needs discriminator confidences in the workload")
             self.spec = spec
         self.needs_similarity = any(lv.strategy is Strategy.AC for lv in self.levels.values())
+        if policy.profile.ids not in workload.optimal:
+            workload.optimal_for(policy.profile)  # a merged ladder: derive its optimal levels up front
 
     def _request_slos(self) -> None:
         """Each request's SLO: its explicit SLO when the workload has one, else the deployment
@@ -354,6 +361,8 @@ class Simulator:
                 first_plan = False
                 cur_ids = plan.levels
                 cur_opt = optimal.get(cur_ids)
+                if cur_opt is None and cur_ids == policy.profile.ids:
+                    cur_opt = wl.optimal_for(policy.profile)
                 next_tick += period
                 continue
             if te < ta:
@@ -395,6 +404,8 @@ class Simulator:
             self.progress(1.0)
         desc = policy.describe()
         desc["classifier"] = wl.classifier if getattr(policy, "uses_classifier", False) else "none"
+        if desc["classifier"] != "none" and wl.derived_optimal.get(policy.profile.ids):
+            desc["classifier"] = wl.derived_optimal[policy.profile.ids]
         return SimResult(
             policy=policy.name,
             description=desc,
@@ -579,6 +590,8 @@ class Simulator:
         view.now_s = t
         ids = plan.levels if plan is not None else ()
         opt = self.wl.optimal.get(ids)
+        if opt is None and ids and ids == self.policy.profile.ids:
+            opt = self.wl.optimal_for(self.policy.profile)
         view.optimal_level = ids[opt[p]] if opt is not None else None
         up_cache = self.cache_up(t)
         view.cache_healthy = up_cache

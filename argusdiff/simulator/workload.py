@@ -84,6 +84,7 @@ class Workload:
     slo_s: np.ndarray | None = None
     tier: tuple[str, ...] | None = None
     slo_note: str = ""
+    derived_optimal: dict[tuple[str, ...], str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.arrivals_s = np.asarray(self.arrivals_s, dtype=np.float64)
@@ -116,6 +117,25 @@ class Workload:
             raise ConfigError("workload: negative prompt index in the trace")
         # a trace's prompt indices wrap around the prompt set
         self.prompt_idx = self.prompt_idx % n
+
+    def optimal_for(self, profile: Profile) -> np.ndarray | None:
+        """Optimal level index per prompt for a ladder no classifier was asked about (a merged
+        AC+SM ladder): from the quality tables, the fastest level whose score is >= 0.9 × the
+        prompt's score at the ladder's best level (no confusion; recorded in ``derived_optimal``)."""
+        ids = profile.ids
+        if ids in self.optimal:
+            return self.optimal[ids]
+        if not self.has_levels(profile):
+            return None
+        scores = np.stack([self.quality[lv] for lv in ids], axis=1)
+        ok = scores >= 0.9 * scores[:, :1] - 1e-12
+        lat = np.array([lv.latency(1) for lv in profile.levels])
+        # among qualifying levels the fastest (ties: the later, i.e. lower-quality, level)
+        key = np.where(ok, lat[None, :] - 1e-9 * np.arange(len(ids))[None, :], np.inf)
+        opt = np.argmin(key, axis=1).astype(np.int64)
+        self.optimal[ids] = opt
+        self.derived_optimal[ids] = "quality-table oracle for the merged ladder (0.9 rule, no confusion)"
+        return opt
 
     @property
     def n_requests(self) -> int:
