@@ -502,6 +502,8 @@ def allocate(
             used_backend = res.backend
             if res.status == "time_limit":
                 notes.append(f"{res.backend} hit the {time_limit_s:g} s time limit; best plan found")
+    if used_backend != "fallback":  # the maximum-throughput fallback stays as it is
+        counts = _reclaim_idle(data, counts, D, cur_counts)
     return _result(
         levels,
         ids,
@@ -530,6 +532,29 @@ def _canonical(data: LevelData, counts: Sequence[int], W: int, D: float) -> list
         for v, (c, ld) in enumerate(zip(counts, loads, strict=True))
     ]
     return _fill(data, out, W)
+
+
+def _reclaim_idle(data: LevelData, counts: Sequence[int], D: float, cur_counts: Sequence[int]) -> list[int]:
+    """Workers a level does not need for its greedy load go to the best level when moving them
+    disrupts nothing: their level runs the best level's model (e.g. approximate-caching levels of
+    one SD-XL: no load), or they were not running that level before this plan (idle or new
+    workers must load a model anyway). Without this the switch-cost pass parks spare workers
+    where moving is cheapest — the plan routes no load to them — while the levels that carry
+    the load queue up. The value never drops (the same loads stay feasible, the best level
+    gains capacity); workers that keep running what they ran stay, as switch-cost awareness wants."""
+    loads, _ = greedy_loads(data, counts, D)
+    best = max(range(len(data)), key=lambda v: (data.quality[v], data.peak[v]))
+    out = list(counts)
+    for v, (c, ld) in enumerate(zip(counts, loads, strict=True)):
+        if v == best:
+            continue
+        need = min(c, math.ceil(ld / data.peak[v] - 1e-9)) if ld > EPS else 0
+        surplus = c - need
+        if data.model[v] != data.model[best]:
+            surplus = min(surplus, max(0, c - cur_counts[v]))
+        out[best] += surplus
+        out[v] -= surplus
+    return out
 
 
 def _fill(data: LevelData, counts: Sequence[int], W: int) -> list[int]:

@@ -424,3 +424,25 @@ def test_aggregated_and_exact_give_the_same_plans(profile):
                 assert a.switch_cost == pytest.approx(b.switch_cost)
                 if cur is not None:
                     assert a.counts == b.counts
+
+
+@pytest.mark.parametrize("formulation", ["exact", "aggregated", "paper"])
+def test_spare_workers_are_not_parked_where_no_load_goes(formulation):
+    """Switch-cost awareness must not leave spare workers idle at levels the plan routes nothing
+    to: at low load every spare worker joins the best level when moving it disrupts nothing."""
+    from argusdiff.profile import load_profile
+
+    ac = load_profile("sdxl-ac-a100")
+    ids = [f"w{i}" for i in range(8)]
+    # AC: workers spread over the K levels of one model; moving between them loads nothing
+    current = {w: ac.levels[i % 4].id for i, w in enumerate(ids)}
+    a = allocate(ac.levels, ids, 20.0, current=current, formulation=formulation)
+    assert a.counts[0] == 8, a.counts
+    # SM at a cold start: idle workers must load some model; they go to the best level
+    sm = load_profile("sm-a100")
+    b = allocate(sm.levels, ids, 20.0, current={w: None for w in ids}, formulation=formulation)
+    assert b.counts[0] == 8, b.counts
+    # SM with workers already running small models: spare ones that run something stay (no reload)
+    cur = {w: sm.levels[-1].id for w in ids}
+    c = allocate(sm.levels, ids, 20.0, current=cur, formulation=formulation)
+    assert sum(c.counts) == 8 and c.expected_quality >= b.expected_quality - 0.005 * b.expected_quality
