@@ -12,6 +12,7 @@ option, file or field).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
@@ -75,10 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(run(args) or 0)
     except BrokenPipeError:  # e.g. `argusdiff ... | head`: not an error of ours
-        try:
+        with contextlib.suppress(OSError):
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keep interpreter shutdown quiet
-        except OSError:
-            pass
         return 0
     except ArgusdiffError as exc:
         print(f"argusdiff {args.command}: error: {exc}", file=sys.stderr)

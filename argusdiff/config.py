@@ -140,7 +140,9 @@ class WorkersConfig(_Section):
     torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads (None: torch default)")
     models: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
-        description="model registry overrides by name, e.g. {source = '/models/sdxl'}; new names need source and family",
+        description=(
+            "model registry overrides by name, e.g. {source = '/models/sdxl'}; new names need source and family"
+        ),
     )
 
 
@@ -212,10 +214,14 @@ class ServiceConfig(_Section):
     sizes: tuple[str, ...] = Field(
         (), description="image sizes (WxH) clients may ask for; empty: the native sizes of the profile's models"
     )
-    model_name: str = Field("argusdiff", min_length=1, description="model name clients send; the profile name works too")
+    model_name: str = Field(
+        "argusdiff", min_length=1, description="model name clients send; the profile name works too"
+    )
     control_period_s: float = Field(10.0, gt=0, description="control loop period: plan(), heartbeat check, publish")
     heartbeat_s: float = Field(1.0, gt=0, description="worker heartbeat interval")
-    worker_timeout_s: float = Field(5.0, gt=0, description="a worker silent this long is dead: removed, its work re-queued")
+    worker_timeout_s: float = Field(
+        5.0, gt=0, description="a worker silent this long is dead: removed, its work re-queued"
+    )
     request_timeout_s: float = Field(300.0, gt=0, description="longest a synchronous request waits for its images")
     result_ttl_s: float = Field(3600.0, gt=0, description="how long results and `url` images stay retrievable")
     retry_after_s: int = Field(2, ge=1, description="Retry-After seconds sent with 429/503")

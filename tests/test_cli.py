@@ -66,3 +66,14 @@ def test_bad_usage_exits_2_and_names_the_problem():
     assert "--bogus" in out.stderr
     out = _run("no-such-command")
     assert out.returncode == 2
+
+
+def test_a_closed_pipe_is_not_a_traceback():
+    """`argusdiff profiles | head -1` ends quietly."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "argusdiff", "profiles"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    proc.stdout.close()  # the reader went away before the first line
+    _, err = proc.communicate(timeout=120)
+    assert b"Traceback" not in err, err.decode()
+    assert proc.returncode == 0
