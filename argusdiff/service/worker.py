@@ -8,7 +8,9 @@ A :class:`ServiceWorker` runs wherever a GPU is (in the router's process in embe
   (level, the level it is loading, items done) from its own thread, so a long model load or batch
   never makes it look dead;
 * reads the published plan on each heartbeat and hands it to the worker loop, which switches
-  level at the next batch boundary (no restart, nothing taken is dropped);
+  level at the next batch boundary (no restart, nothing taken is dropped) and pushes the plan's
+  cascade threshold into the running light-level executor (the heartbeat reports the threshold
+  applied, ``threshold``);
 * keeps going when the queue (Redis) fails: backs off, and once the queue answers again gives
   back whatever it had taken but not finished (its pending entries), so nothing waits for the
   long re-claim timeout.
@@ -80,7 +82,17 @@ class ServiceWorker:
             "host": socket.gethostname(),
             "started_s": self.started_s,
             "last_error": w.last_error,
+            "threshold": self.applied_threshold(),
         }
+
+    def applied_threshold(self) -> float | None:
+        """The discriminator threshold the executor of the level served now applies (a cascade's
+        light level; None for any other executor). The plan's ``thresholds`` reach it at the
+        worker loop's next batch boundary, without a restart."""
+        w = self.worker
+        executor = getattr(w, "_executors", {}).get(w.level) if w.level is not None else None
+        t = getattr(executor, "threshold", None)
+        return float(t) if t is not None else None
 
     def heartbeat_once(self) -> None:
         """One heartbeat and plan read; store failures are counted, never fatal."""
