@@ -172,14 +172,7 @@ class ApproxCacheExecutor(ModelExecutor):
                         items[i],
                         seeds[i],
                         gen.images[j],
-                        {
-                            "queue_wait_s": queue_wait(items[i], started),
-                            "cache_lookup_s": lookups[i]["lookup_s"],
-                            "latent_fetch_s": lookups[i]["fetch_s"],
-                            "denoise_s": gen.denoise_s,
-                            "decode_s": gen.decode_s,
-                            "batch": float(len(hits)),
-                        },
+                        _timings(items[i], started, lookups[i], gen, len(hits)),
                         cache_hit=True,
                         k_used=k,
                         unet_calls=gen.unet_calls,
@@ -202,14 +195,7 @@ class ApproxCacheExecutor(ModelExecutor):
                     items[i],
                     seeds[i],
                     gen.images[j],
-                    {
-                        "queue_wait_s": queue_wait(items[i], started),
-                        "cache_lookup_s": lookups[i]["lookup_s"],
-                        "latent_fetch_s": lookups[i]["fetch_s"],
-                        "denoise_s": gen.denoise_s,
-                        "decode_s": gen.decode_s,
-                        "batch": float(len(misses)),
-                    },
+                    _timings(items[i], started, lookups[i], gen, len(misses)),
                     cache_hit=False,
                     k_used=0,
                     unet_calls=gen.unet_calls,
@@ -239,3 +225,15 @@ class ApproxCacheExecutor(ModelExecutor):
             return str(exc) or "cache unavailable"
         self.stats["stored"] += 1
         return None
+
+
+def _timings(item, started: float, lookup: dict, gen, batch: int) -> dict[str, float]:
+    """Per-request timings of one generated batch (cache lookup and fetch are per request)."""
+    return {
+        "queue_wait_s": queue_wait(item, started),
+        "cache_lookup_s": lookup["lookup_s"],
+        "latent_fetch_s": lookup["fetch_s"],
+        "denoise_s": gen.denoise_s,
+        "decode_s": gen.decode_s,
+        "batch": float(batch),
+    }
