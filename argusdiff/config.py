@@ -161,6 +161,10 @@ class ClassifierConfig(_Section):
     empty_prompt: Literal["best", "error"] = Field("best", description="empty prompt -> best level, or an error")
     max_batch: int = Field(32, ge=1, description="live router: largest classification batch")
     max_wait_s: float = Field(0.005, ge=0, description="live router: longest wait to fill a batch")
+    precision: Literal["float32", "bfloat16", "int8", "auto"] = Field(
+        "float32", description="level-classifier inference: float32, bfloat16, int8 (dynamic), auto (bf16 if native)"
+    )
+    threads: int | None = Field(None, ge=1, description="torch threads while classifying (None: process default)")
     discriminator: str | None = Field(None, description="saved discriminator directory (cascades)")
     discriminator_variant: str = Field("tf_efficientnetv2_b0", description="timm model name")
     discriminator_image_size: int = Field(224, ge=16, description="discriminator input size (px)")

@@ -22,6 +22,18 @@ A saved classifier is a directory: ``model.safetensors`` + ``config.json`` (the 
 model), the tokenizer files, and ``argusdiff_classifier.json`` (format version, level ids, the
 profile and strategy it was trained for, the labelling ratio, training report). Loading it for
 other levels raises :class:`ModelMismatchError`. Weights are only read as safetensors.
+
+Inference speed (see docs/classifiers.md, "Inference speed"):
+
+* a call tokenizes all its prompts once (no padding), sorts them by token count and cuts each
+  ``batch_size`` slice into length buckets chosen to minimise padded tokens plus a per-forward
+  overhead, so one long prompt does not make 31 short ones pay for its padding; results come back
+  in input order and equal unbucketed results up to float rounding;
+* ``precision``: ``float32`` (as trained), ``bfloat16`` (encoder in bf16, fast on CPUs with
+  native bf16 such as AMX / AVX512-BF16; the mean-pooling head stays float32), ``int8`` (dynamic
+  int8 quantisation of the encoder's Linear layers) or ``auto`` (bfloat16 where the CPU has native
+  bf16, else float32). Converted classifiers are for inference only (``save`` refuses them);
+* ``threads``: torch intra-op threads while classifying (None: leave the process setting).
 """
 
 from __future__ import annotations
@@ -41,12 +53,27 @@ import numpy as np
 from classifiers._io import default_backbone, read_meta, write_dir_atomically, write_json
 from classifiers.errors import ClassifierInputError, ModelFormatError, ModelMismatchError
 
-__all__ = ["FORMAT_VERSION", "META_NAME", "BatchedClassifier", "ClassifierMeta", "LevelClassifier", "load_for_profile"]
+__all__ = [
+    "FORMAT_VERSION",
+    "META_NAME",
+    "PRECISIONS",
+    "BatchedClassifier",
+    "ClassifierMeta",
+    "LevelClassifier",
+    "length_buckets",
+    "load_for_profile",
+    "native_bf16",
+    "torch_threads",
+]
 
 META_NAME = "argusdiff_classifier.json"
 KIND = "level-classifier"
 FORMAT_VERSION = 1
 EMPTY_RULES = ("best", "error")
+PRECISIONS = ("float32", "bfloat16", "int8", "auto")
+# fixed cost of one encoder forward, in padded-token equivalents (measured on MiniLM-L6, 1 thread:
+# a forward costs ~0.25 ms per token and ~2-4 ms of fixed overhead); used to pick length buckets
+BUCKET_OVERHEAD_TOKENS = 12
 POOLINGS = ("mean", "cls")
 
 
@@ -110,7 +137,16 @@ def _quiet_transformers() -> Iterator[None]:
 class LevelClassifier:
     """Predicts each prompt's optimal approximation level (level ids, slowest/best first)."""
 
-    def __init__(self, model: Any, tokenizer: Any, meta: ClassifierMeta, *, device: str = "cpu") -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        meta: ClassifierMeta,
+        *,
+        device: str = "cpu",
+        precision: str = "float32",
+        threads: int | None = None,
+    ) -> None:
         if meta.empty_prompt not in EMPTY_RULES:
             raise ClassifierInputError(f"empty_prompt must be one of {EMPTY_RULES}, got {meta.empty_prompt!r}")
         n_out = int(getattr(model.config, "num_labels", len(meta.level_ids)))
@@ -132,6 +168,38 @@ class LevelClassifier:
         self.device = device
         self.model.to(device)
         self.model.eval()
+        if threads is not None and threads < 1:
+            raise ClassifierInputError(f"threads must be >= 1 or None, got {threads}")
+        self.threads = threads
+        self.precision = "float32"
+        self.set_precision(precision)
+
+    def set_precision(self, precision: str) -> str:
+        """Convert the model for inference (see the module doc); returns the precision in use."""
+        torch = _torch()
+        if precision not in PRECISIONS:
+            raise ClassifierInputError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        if precision == "auto":
+            precision = "bfloat16" if native_bf16() else "float32"
+        if precision == self.precision:
+            return precision
+        if self.precision != "float32":
+            raise ClassifierInputError(
+                f"classifier already converted to {self.precision}; reload it to use {precision}"
+            )
+        if precision == "bfloat16":
+            # mean pooling: encoder in bf16, pooled mean and linear head in float32
+            (self.model.base_model if self.meta.pooling == "mean" else self.model).to(torch.bfloat16)
+        elif precision == "int8":
+            import warnings
+
+            from torch.ao.quantization import quantize_dynamic
+
+            with warnings.catch_warnings():  # deprecation notices of torch.ao
+                warnings.simplefilter("ignore")
+                quantize_dynamic(self.model.base_model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
+        self.precision = precision
+        return precision
 
     # ---- construction --------------------------------------------------------------------
 
@@ -150,6 +218,8 @@ class LevelClassifier:
         empty_prompt: str = "best",
         seed: int = 0,
         device: str = "cpu",
+        precision: str = "float32",
+        threads: int | None = None,
     ) -> LevelClassifier:
         """An untrained classifier on a pretrained backbone (a transformers id or local folder)."""
         torch = _torch()
@@ -189,7 +259,7 @@ class LevelClassifier:
             pooling=pooling,
             empty_prompt=empty_prompt,
         )
-        return cls(model, tokenizer, meta, device=device)
+        return cls(model, tokenizer, meta, device=device, precision=precision, threads=threads)
 
     @classmethod
     def load(
@@ -199,9 +269,11 @@ class LevelClassifier:
         level_ids: Sequence[str] | None = None,
         profile: str | None = None,
         device: str = "cpu",
+        precision: str = "float32",
+        threads: int | None = None,
     ) -> LevelClassifier:
         """Load a saved classifier; ``level_ids``/``profile``, when given, must match what it was
-        trained for (else :class:`ModelMismatchError`)."""
+        trained for (else :class:`ModelMismatchError`). ``precision``/``threads``: see the module doc."""
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         p = Path(path)
@@ -221,13 +293,18 @@ class LevelClassifier:
                 tokenizer = AutoTokenizer.from_pretrained(p)
         except (OSError, ValueError) as exc:
             raise ModelFormatError(f"{p}: cannot load the saved classifier: {exc}") from None
-        return cls(model, tokenizer, meta, device=device)
+        return cls(model, tokenizer, meta, device=device, precision=precision, threads=threads)
 
     def save(self, path: str | Path) -> Path:
         """Write the classifier directory atomically (replacing an older save at ``path``)."""
+        if self.precision != "float32":
+            raise ClassifierInputError(
+                f"this classifier was converted to {self.precision} for inference; save the float32 model"
+            )
 
         def write(tmp: Path) -> None:
-            self.model.save_pretrained(tmp, safe_serialization=True)
+            with _quiet_transformers():  # no "writing model shards" bar
+                self.model.save_pretrained(tmp, safe_serialization=True)
             self.tokenizer.save_pretrained(tmp)
             meta = self.meta
             if not meta.created:
@@ -274,33 +351,63 @@ class LevelClassifier:
         hidden = self.model.base_model(**enc).last_hidden_state
         if self.meta.pooling == "cls":
             return hidden[:, 0]
+        hidden = hidden.float()  # the mean (and the head) in float32 whatever the encoder precision
         mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
         return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
 
     def forward(self, enc: Mapping[str, Any]) -> Any:
         """Logits (torch) for tokenized prompts; honours train/eval mode (dropout)."""
         if self.meta.pooling == "cls":
-            return self.model(**enc).logits
+            return self.model(**enc).logits.float()
         pooled = self.encode(enc)
         dropout = getattr(self.model, "dropout", None)
         return self.model.classifier(dropout(pooled) if dropout is not None else pooled)
 
     def logits(self, prompts: Sequence[str], *, batch_size: int = 64) -> np.ndarray:
-        """Raw logits (n, levels) of non-empty prompts."""
+        """Raw logits (n, levels) of non-empty prompts.
+
+        Tokenizes once, sorts by token count, and runs each ``batch_size`` slice as the length
+        buckets of :func:`length_buckets` (less padding); rows come back in input order."""
         torch = _torch()
-        if not len(prompts):
+        n = len(prompts)
+        if not n:
             return np.zeros((0, len(self.level_ids)), dtype=np.float32)
-        # batch prompts of similar length together (less padding), then restore the input order
-        order = np.argsort([len(p) for p in prompts], kind="stable")
-        out = []
-        with torch.inference_mode():
-            for start in range(0, len(prompts), batch_size):
-                enc = self.tokenize([prompts[i] for i in order[start : start + batch_size]])
-                enc = {k: v.to(self.device) for k, v in enc.items()}
-                out.append(self.forward(enc).float().cpu().numpy())
-        logits = np.empty((len(prompts), len(self.level_ids)), dtype=np.float32)
-        logits[order] = np.concatenate(out)
+        if batch_size < 1:
+            raise ClassifierInputError(f"batch_size must be >= 1, got {batch_size}")
+        tok = self.tokenizer(list(prompts), truncation=True, max_length=self.meta.max_length, padding=False)
+        lengths = np.array([len(x) for x in tok["input_ids"]], dtype=np.int64)
+        order = np.argsort(lengths, kind="stable")
+        logits = np.empty((n, len(self.level_ids)), dtype=np.float32)
+        with torch.inference_mode(), torch_threads(self.threads):
+            for start in range(0, n, batch_size):
+                rows = order[start : start + batch_size]
+                for lo, hi in length_buckets(lengths[rows].tolist(), BUCKET_OVERHEAD_TOKENS):
+                    enc = self._pad(tok, rows[lo:hi])
+                    logits[rows[lo:hi]] = self.forward(enc).float().cpu().numpy()
         return logits
+
+    def _pad(self, tok: Mapping[str, Any], rows: np.ndarray) -> dict[str, Any]:
+        """Tensors of the tokenized ``rows``, padded to their longest (the tokenizer's side and ids)."""
+        torch = _torch()
+        width = max(len(tok["input_ids"][i]) for i in rows)
+        left = getattr(self.tokenizer, "padding_side", "right") == "left"
+        pad_values = {
+            "input_ids": self.tokenizer.pad_token_id or 0,
+            "token_type_ids": getattr(self.tokenizer, "pad_token_type_id", 0) or 0,
+        }
+        out = {}
+        for key in ("input_ids", "token_type_ids", "attention_mask"):
+            if key not in tok:
+                continue
+            arr = np.full((len(rows), width), pad_values.get(key, 0), dtype=np.int64)
+            for r, i in enumerate(rows):
+                seq = tok[key][i]
+                if left:
+                    arr[r, width - len(seq) :] = seq
+                else:
+                    arr[r, : len(seq)] = seq
+            out[key] = torch.from_numpy(arr).to(self.device)
+        return out
 
     def predict_proba(self, prompts: Sequence[str], *, batch_size: int = 64) -> np.ndarray:
         """P(optimal level = v | prompt), shape (n, levels), rows sum to 1."""
@@ -325,6 +432,46 @@ class LevelClassifier:
 
     def predict_one(self, prompt: str) -> str:
         return self.predict([prompt])[0]
+
+
+def native_bf16() -> bool:
+    """True when this CPU runs bf16 matrix products natively (oneDNN: AVX512-BF16 / AMX)."""
+    torch = _torch()
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+@contextlib.contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """Run the block with ``n`` torch intra-op threads (None: unchanged), then restore."""
+    torch = _torch()
+    old = torch.get_num_threads()
+    if not n or n == old:
+        yield
+        return
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def length_buckets(lengths: Sequence[int], overhead: float) -> list[tuple[int, int]]:
+    """Split ascending token counts into contiguous buckets ``[lo, hi)`` minimising the padded
+    tokens (bucket size × its longest) plus ``overhead`` per bucket (exact, O(n²))."""
+    m = len(lengths)
+    best = [0.0] * (m + 1)
+    cut = [0] * (m + 1)
+    for j in range(1, m + 1):
+        best[j], cut[j] = min((best[i] + overhead + (j - i) * lengths[j - 1], i) for i in range(j))
+    out = []
+    j = m
+    while j > 0:
+        out.append((cut[j], j))
+        j = cut[j]
+    return out[::-1]
 
 
 # ---- batched front end ---------------------------------------------------------------------
@@ -457,4 +604,11 @@ def load_for_profile(profile: Any, config: Any, *, strategy: str | None = None, 
             f"(set models = {{ {strategy} = '<trained classifier directory>' }})"
         )
     ids = [lv.id for lv in profile.levels if lv.strategy.value == strategy]
-    return LevelClassifier.load(path, level_ids=ids, profile=profile.name, device=device)
+    return LevelClassifier.load(
+        path,
+        level_ids=ids,
+        profile=profile.name,
+        device=device,
+        precision=getattr(config, "precision", "float32"),
+        threads=getattr(config, "threads", None),
+    )

@@ -1,23 +1,27 @@
 #!/usr/bin/env python
 """Classifier and discriminator speed on this CPU (for docs/benchmarks.md, "Classifiers").
 
-* level classifier (packaged MiniLM, 6 layers, width 384): per-prompt latency and prompts/s at
-  batch 1 and 32, median of repeated runs over real prompts;
+* level classifier (packaged MiniLM, 6 layers, width 384, a head trained on synthetic AC labels):
+  held-out accuracy / agreement of float32, bfloat16 and int8 inference; per-prompt latency and
+  prompts/s at batch 1 and 32 of the previous path (one padded batch, float32) and of length
+  buckets x precision x threads, all variants interleaved in each repetition (medians, ratios);
 * the live batcher (BatchedClassifier, max batch 32) under 256 concurrent submissions;
 * discriminator (tf_efficientnetv2_b0, random weights: speed only) latency per image at 512 px,
   batch 1 and 8;
 * training time (frozen encoder + head, fixed epochs, no early stop) for 2k / 5k / 10k prompts
   of the synthetic AC table, encoding included.
 
-Usage: python scripts/bench_classifier.py [--threads 2] [--reps 5] [--shared ../shared] [--quick]
+Usage: python scripts/bench_classifier.py [--threads 1] [--reps 5] [--shared ../shared] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -40,7 +44,7 @@ def median_time(fn, reps: int) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads outside the thread-count variants")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--shared", default=str(ROOT.parent / "shared"))
     ap.add_argument("--quick", action="store_true", help="smaller sizes (smoke run)")
@@ -53,7 +57,8 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     from argusdiff.profile import load_profile
     from classifiers.discriminator import Discriminator
-    from classifiers.level import BatchedClassifier, LevelClassifier
+    from classifiers.labelling import optimal_labels, routing_quality
+    from classifiers.level import BatchedClassifier, LevelClassifier, native_bf16, torch_threads
     from classifiers.train import TrainConfig, train_level_classifier
     from traces.prompts import builtin_prompts, load_prompts
     from traces.synthetic import synthetic_quality_table
@@ -66,35 +71,97 @@ def main() -> int:
     print(f"prompts: {source} first, then the built-in set")
 
     profile = load_profile("sdxl-ac-a100")
-    clf = LevelClassifier.new(profile.ids, profile=profile.name)
-    print("\n-- level classifier inference (MiniLM-L6, max_length 128) --")
     parti_path = Path(args.shared) / "data/prompts/parti_prompts.tsv"
-    sets = [(source, texts)]
+
+    # a trained head (frozen MiniLM) so that precision modes are compared on real decisions
+    n_train, n_test = (800, 400) if args.quick else (3000, 1000)
+    table = synthetic_quality_table(texts[: n_train + n_test], profile)
+    print(f"\n-- inference precision: head trained on {n_train} prompts, held-out {n_test} (synthetic AC labels) --")
+    t0 = time.perf_counter()
+    trained, _ = train_level_classifier(
+        table.subset(np.arange(n_train)),
+        config=TrainConfig(mode="head", epochs=args.epochs, patience=args.epochs, progress=False),
+        profile=profile.name,
+    )
+    print(f"training: {time.perf_counter() - t0:.1f} s")
+    held = table.subset(np.arange(n_train, n_train + n_test))
+    truth = optimal_labels(held, 0.9).index
+    model_dir = Path(tempfile.mkdtemp(prefix="bench-clf-"))
+    trained.save(model_dir)
+    clfs = {prec: LevelClassifier.load(model_dir, precision=prec) for prec in ("float32", "bfloat16", "int8")}
+    print(f"native bf16 on this CPU: {native_bf16()}")
+    ref = clfs["float32"].predict_index(list(held.prompts), batch_size=32)
+    base_q = routing_quality(held.scores, ref, truth)["classifier"]
+    for prec, c in clfs.items():
+        pred = c.predict_index(list(held.prompts), batch_size=32)
+        q = routing_quality(held.scores, pred, truth)["classifier"]
+        print(
+            f"{prec:>8}: held-out accuracy {np.mean(pred == truth) * 100:5.1f}% "
+            f"(float32 {np.mean(ref == truth) * 100:5.1f}%), "
+            f"agreement with float32 {np.mean(pred == ref) * 100:5.1f}%, "
+            f"routing quality {q:.3f} (float32 {base_q:.3f})"
+        )
+
+    def legacy(c, prompts):
+        """The previous inference path: sort the call's prompts, one padded batch, float32."""
+        order = np.argsort([len(p) for p in prompts], kind="stable")
+        with torch.inference_mode():
+            return c.forward(c.tokenize([prompts[i] for i in order])).numpy()
+
+    def bucketed(c, prompts):
+        return c.predict(prompts, batch_size=len(prompts))
+
+    variants = [
+        ("before: one padded batch, float32, 1 thread", clfs["float32"], legacy, 1),
+        ("length buckets, float32, 1 thread", clfs["float32"], bucketed, 1),
+        ("length buckets, int8, 1 thread", clfs["int8"], bucketed, 1),
+        ("length buckets, bfloat16, 1 thread", clfs["bfloat16"], bucketed, 1),
+        ("length buckets, float32, 2 threads", clfs["float32"], bucketed, 2),
+        ("length buckets, bfloat16, 2 threads", clfs["bfloat16"], bucketed, 2),
+    ]
+    print("\n-- level classifier inference (MiniLM-L6, max_length 128); variants interleaved per repetition --")
+    sets = [(source, texts[n_train + n_test :] or texts)]
     if parti_path.is_file():
         sets.append(("PartiPrompts", list(load_prompts(parti_path).prompts)))
+    clf = clfs["float32"]
     for name, pool in sets:
         pool = [pool[i] for i in np.random.default_rng(0).permutation(len(pool))]  # a fair mix of lengths
         tokens = np.mean([len(clf.tokenize([p])["input_ids"][0]) for p in pool[:128]])
         for batch in (1, 32):
-            batches = [pool[i * batch : (i + 1) * batch] for i in range(8 if batch == 1 else 4)]
-            per = median_time(lambda b=batches, k=batch: [clf.predict(x, batch_size=k) for x in b], args.reps)
+            batches = [pool[i * batch : (i + 1) * batch] for i in range(16 if batch == 1 else 4)]
             n = sum(len(x) for x in batches)
-            print(
-                f"{name} (mean {tokens:.0f} tokens) batch {batch:>2}: {per / n * 1000:7.2f} ms per prompt, "
-                f"{n / per:7.1f} prompts/s"
-            )
+            times: dict[str, list[float]] = {v[0]: [] for v in variants}
+            for rep in range(args.reps + 1):  # repetition 0 is the warm-up
+                for label, c, fn, threads in variants:
+                    with torch_threads(threads):
+                        t0 = time.perf_counter()
+                        for x in batches:
+                            fn(c, x)
+                        dt = time.perf_counter() - t0
+                    if rep:
+                        times[label].append(dt)
+            base = statistics.median(times[variants[0][0]])
+            print(f"{name} (mean {tokens:.0f} tokens), batch {batch}:")
+            for label, *_ in variants:
+                per = statistics.median(times[label])
+                print(
+                    f"  {label:<44} {per / n * 1000:7.2f} ms per prompt, {n / per:7.1f} prompts/s, "
+                    f"x{base / per:4.2f} vs before"
+                )
+    shutil.rmtree(model_dir, ignore_errors=True)
 
-    with BatchedClassifier(clf, max_batch=32, max_wait_s=0.005) as bc:
-        sample = texts[:256]
-        t0 = time.perf_counter()
-        futs = [bc.submit(p) for p in sample]
-        for f in futs:
-            f.result()
-        dt = time.perf_counter() - t0
-        print(
-            f"batcher: 256 concurrent prompts in {dt:.2f} s ({256 / dt:.1f} prompts/s), "
-            f"{bc.batches} batches (mean {bc.items / bc.batches:.1f})"
-        )
+    for prec in ("float32", "bfloat16"):
+        with BatchedClassifier(clfs[prec], max_batch=32, max_wait_s=0.005) as bc:
+            sample = texts[:256]
+            t0 = time.perf_counter()
+            futs = [bc.submit(p) for p in sample]
+            for f in futs:
+                f.result()
+            dt = time.perf_counter() - t0
+            print(
+                f"batcher ({prec}, {torch.get_num_threads()} thread(s)): 256 concurrent prompts in {dt:.2f} s "
+                f"({256 / dt:.1f} prompts/s), {bc.batches} batches (mean {bc.items / bc.batches:.1f})"
+            )
 
     print("\n-- discriminator inference (tf_efficientnetv2_b0, 512 px) --")
     disc = Discriminator.new("tf_efficientnetv2_b0", image_size=512)
