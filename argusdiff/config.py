@@ -162,7 +162,7 @@ class ClassifierConfig(_Section):
     max_batch: int = Field(32, ge=1, description="live router: largest classification batch")
     max_wait_s: float = Field(0.005, ge=0, description="live router: longest wait to fill a batch")
     precision: Literal["float32", "bfloat16", "int8", "auto"] = Field(
-        "float32", description="level-classifier inference: float32, bfloat16, int8 (dynamic), auto (bf16 if native)"
+        "auto", description="level-classifier inference: float32, bfloat16, int8 (dynamic), auto (bf16 if native)"
     )
     threads: int | None = Field(None, ge=1, description="torch threads while classifying (None: process default)")
     discriminator: str | None = Field(None, description="saved discriminator directory (cascades)")

@@ -42,6 +42,33 @@ def median_time(fn, reps: int) -> float:
     return statistics.median(times)
 
 
+def one_batch_profile(clf, batch, reps, torch, median_time) -> None:
+    """Where one batch's time goes: tokenizer, padding, encoder (float32, the current threads)."""
+    from classifiers.level import BUCKET_OVERHEAD_TOKENS, length_buckets
+
+    print(f"\n-- one batch of {len(batch)} prompts, float32, {torch.get_num_threads()} thread(s) --")
+    tok_s = median_time(lambda: clf.tokenize(batch), reps)
+    enc = clf.tokenize(batch)
+    real = int(enc["attention_mask"].sum())
+    padded = enc["input_ids"].numel()
+    with torch.inference_mode():
+        fwd_s = median_time(lambda: clf.forward(enc), reps)
+    lengths = sorted(len(x) for x in clf.tokenizer(batch, truncation=True, max_length=clf.meta.max_length)["input_ids"])
+    buckets = length_buckets(lengths, BUCKET_OVERHEAD_TOKENS)
+    bucketed = sum((hi - lo) * lengths[hi - 1] for lo, hi in buckets)
+    total_s = median_time(lambda: clf.logits(batch, batch_size=len(batch)), reps)
+    print(f"tokenizer (fast, whole batch, padded): {tok_s * 1000:6.1f} ms ({tok_s / len(batch) * 1000:.2f} ms/prompt)")
+    print(
+        f"one padded batch: {padded} token slots for {real} real tokens ({100 * (1 - real / padded):.0f}% padding); "
+        f"encoder {fwd_s * 1000:.0f} ms ({fwd_s / len(batch) * 1000:.2f} ms/prompt)"
+    )
+    print(
+        f"length buckets: {len(buckets)} forwards, {bucketed} token slots "
+        f"({100 * (1 - real / bucketed):.0f}% padding); "
+        f"whole call {total_s * 1000:.0f} ms ({total_s / len(batch) * 1000:.2f} ms/prompt)"
+    )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=1, help="torch threads outside the thread-count variants")
@@ -50,6 +77,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="smaller sizes (smoke run)")
     ap.add_argument("--epochs", type=int, default=10, help="epochs in the training-time runs")
     ap.add_argument("--skip-training", action="store_true", help="inference only")
+    ap.add_argument("--profile-only", action="store_true", help="only where one batch of 32 spends its time")
     args = ap.parse_args()
 
     import torch
@@ -72,6 +100,12 @@ def main() -> int:
 
     profile = load_profile("sdxl-ac-a100")
     parti_path = Path(args.shared) / "data/prompts/parti_prompts.tsv"
+
+    if args.profile_only:
+        clf = LevelClassifier.new(profile.ids, profile=profile.name)
+        pool = [texts[i] for i in np.random.default_rng(0).permutation(len(texts))]
+        one_batch_profile(clf, pool[:32], args.reps, torch, median_time)
+        return 0
 
     # a trained head (frozen MiniLM) so that precision modes are compared on real decisions
     n_train, n_test = (800, 400) if args.quick else (3000, 1000)

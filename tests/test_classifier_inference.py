@@ -193,7 +193,7 @@ def test_config_precision_and_threads_reach_load_for_profile(tiny_bert, tmp_path
     cfg = ClassifierConfig(models={"sm": str(tmp_path / "sm")}, precision="int8", threads=2)
     got = load_for_profile(profile, cfg)
     assert got.precision == "int8" and got.threads == 2
-    assert ClassifierConfig().precision == "float32" and ClassifierConfig().threads is None
+    assert ClassifierConfig().precision == "auto" and ClassifierConfig().threads is None
     with pytest.raises(pydantic.ValidationError):
         ClassifierConfig(threads=0)
     with pytest.raises(pydantic.ValidationError):
