@@ -86,7 +86,12 @@ def load_classifier(settings: Settings, profile: Profile) -> Any:
         return None
     from classifiers.level import BatchedClassifier, LevelClassifier
 
-    clf = LevelClassifier.load(path, level_ids=profile.ids)
+    clf = LevelClassifier.load(
+        path,
+        level_ids=profile.ids,
+        precision=settings.classifier.precision,
+        threads=settings.classifier.threads,
+    )
     return BatchedClassifier(clf, max_batch=settings.classifier.max_batch, max_wait_s=settings.classifier.max_wait_s)
 
 
