@@ -382,9 +382,16 @@ def allocate(
     switch_tolerance: float = 0.005,
     margin: float = 1.0,
     time_limit_s: float = 5.0,
+    spare: str = "best",
 ) -> Allocation:
-    """Solve ARGUS Eq. 1 for ``workers`` and ``demand_qpm`` (× ``margin``). See the module doc."""
+    """Solve ARGUS Eq. 1 for ``workers`` and ``demand_qpm`` (× ``margin``). See the module doc.
+
+    ``spare``: where workers the load does not need go when moving them disrupts nothing —
+    ``"best"`` (spare capacity lowers queueing at the best level) or ``"fastest"`` (a burst
+    reserve at the fastest level, for policies that send requests there when a deadline is at risk)."""
     t0 = time.perf_counter()
+    if spare not in ("best", "fastest"):
+        raise ConfigError(f"spare: expected 'best' or 'fastest', got {spare!r}")
     _validate(levels, demand_qpm, formulation, margin, switch_tolerance, time_limit_s)
     check_backend(backend)
     ids = worker_ids(workers)
@@ -503,7 +510,7 @@ def allocate(
             if res.status == "time_limit":
                 notes.append(f"{res.backend} hit the {time_limit_s:g} s time limit; best plan found")
     if used_backend != "fallback":  # the maximum-throughput fallback stays as it is
-        counts = _reclaim_idle(data, counts, D, cur_counts)
+        counts = _reclaim_idle(data, counts, D, cur_counts, spare)
     return _result(
         levels,
         ids,
@@ -534,25 +541,31 @@ def _canonical(data: LevelData, counts: Sequence[int], W: int, D: float) -> list
     return _fill(data, out, W)
 
 
-def _reclaim_idle(data: LevelData, counts: Sequence[int], D: float, cur_counts: Sequence[int]) -> list[int]:
-    """Workers a level does not need for its greedy load go to the best level when moving them
-    disrupts nothing: their level runs the best level's model (e.g. approximate-caching levels of
-    one SD-XL: no load), or they were not running that level before this plan (idle or new
-    workers must load a model anyway). Without this the switch-cost pass parks spare workers
-    where moving is cheapest — the plan routes no load to them — while the levels that carry
-    the load queue up. The value never drops (the same loads stay feasible, the best level
-    gains capacity); workers that keep running what they ran stay, as switch-cost awareness wants."""
+def _reclaim_idle(
+    data: LevelData, counts: Sequence[int], D: float, cur_counts: Sequence[int], spare: str = "best"
+) -> list[int]:
+    """Workers a level does not need for its greedy load go to the ``spare`` target level (the
+    best level, or the fastest as a burst reserve) when moving them disrupts nothing: their level
+    runs the target level's model (e.g. approximate-caching levels of one SD-XL: no load), or they
+    were not running that level before this plan (idle or new workers must load a model anyway).
+    Without this the switch-cost pass parks spare workers where moving is cheapest — on a level the
+    plan routes no load to — while the levels that carry the load queue up. The value never drops
+    (the same loads stay feasible); workers that keep running what they ran stay, as switch-cost
+    awareness wants."""
     loads, _ = greedy_loads(data, counts, D)
-    best = max(range(len(data)), key=lambda v: (data.quality[v], data.peak[v]))
+    if spare == "fastest":
+        target = max(range(len(data)), key=lambda v: (data.peak[v], data.quality[v]))
+    else:
+        target = max(range(len(data)), key=lambda v: (data.quality[v], data.peak[v]))
     out = list(counts)
     for v, (c, ld) in enumerate(zip(counts, loads, strict=True)):
-        if v == best:
+        if v == target:
             continue
         need = min(c, math.ceil(ld / data.peak[v] - 1e-9)) if ld > EPS else 0
         surplus = c - need
-        if data.model[v] != data.model[best]:
+        if data.model[v] != data.model[target]:
             surplus = min(surplus, max(0, c - cur_counts[v]))
-        out[best] += surplus
+        out[target] += surplus
         out[v] -= surplus
     return out
 

@@ -446,3 +446,19 @@ def test_spare_workers_are_not_parked_where_no_load_goes(formulation):
     cur = {w: sm.levels[-1].id for w in ids}
     c = allocate(sm.levels, ids, 20.0, current=cur, formulation=formulation)
     assert sum(c.counts) == 8 and c.expected_quality >= b.expected_quality - 0.005 * b.expected_quality
+
+
+def test_spare_workers_can_form_a_burst_reserve_at_the_fastest_level():
+    from argusdiff.errors import ConfigError
+    from argusdiff.profile import load_profile
+
+    sm = load_profile("sm-a100")
+    ids = [f"w{i}" for i in range(8)]
+    best = allocate(sm.levels, ids, 20.0, current={w: None for w in ids}, formulation="exact")
+    fast = allocate(sm.levels, ids, 20.0, current={w: None for w in ids}, formulation="exact", spare="fastest")
+    assert best.counts[0] == 8
+    # the load still fits the levels it is routed to, and the spare workers wait at the fastest level
+    assert fast.counts[-1] >= 1 and fast.counts[0] >= 1 and sum(fast.counts) == 8
+    assert fast.expected_quality == pytest.approx(best.expected_quality)
+    with pytest.raises(ConfigError, match="spare"):
+        allocate(sm.levels, ids, 20.0, spare="nowhere")

@@ -59,6 +59,9 @@ class ArgusPlus(Argus):
             switch_tolerance=max(o.switch_tolerance, 0.02) if o.switch_aware else o.switch_tolerance,
             margin=margin,
             time_limit_s=o.time_limit_s,
+            # spare workers form a burst reserve at the fastest level, where deadline-aware
+            # admission sends requests that would miss their deadline elsewhere
+            spare="fastest" if o.admission else "best",
         )
         if cache_free is None:
             return alloc
