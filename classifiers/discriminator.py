@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from argusdiff.loading import MODEL_BUILD_LOCK
 from classifiers._io import read_meta, write_dir_atomically, write_json
 from classifiers.errors import ClassifierInputError, ModelFormatError, ModelMismatchError, TrainingDataError
 
@@ -137,7 +138,8 @@ class Discriminator:
             raise ClassifierInputError(f"image_size must be >= 16, got {image_size}")
         torch.manual_seed(seed)
         try:
-            model = timm.create_model(variant, pretrained=False, num_classes=2)
+            with MODEL_BUILD_LOCK:
+                model = timm.create_model(variant, pretrained=False, num_classes=2)
         except RuntimeError as exc:  # timm: "Unknown model (...)"
             raise ClassifierInputError(f"discriminator variant {variant!r}: {exc}") from None
         meta = DiscriminatorMeta(variant=variant, image_size=image_size, profile=profile, light=light, heavy=heavy)
@@ -160,7 +162,8 @@ class Discriminator:
         weights = p / "model.safetensors"
         if not weights.is_file():
             raise ModelFormatError(f"{p}: missing model.safetensors")
-        model = timm.create_model(meta.variant, pretrained=False, num_classes=2)
+        with MODEL_BUILD_LOCK:
+            model = timm.create_model(meta.variant, pretrained=False, num_classes=2)
         try:
             model.load_state_dict(load_file(str(weights)), strict=True)
         except RuntimeError as exc:

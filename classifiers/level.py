@@ -50,6 +50,7 @@ from typing import Any
 
 import numpy as np
 
+from argusdiff.loading import MODEL_BUILD_LOCK
 from classifiers._io import default_backbone, read_meta, write_dir_atomically, write_json
 from classifiers.errors import ClassifierInputError, ModelFormatError, ModelMismatchError
 
@@ -235,7 +236,7 @@ class LevelClassifier:
             raise ClassifierInputError(f"max_length must be >= 2, got {max_length}")
         backbone = backbone or default_backbone()
         torch.manual_seed(seed)  # the new head's initialisation is deterministic for a seed
-        with _quiet_transformers():  # the "newly initialized classifier" notice is expected
+        with MODEL_BUILD_LOCK, _quiet_transformers():  # the "newly initialized classifier" notice is expected
             try:
                 model = AutoModelForSequenceClassification.from_pretrained(
                     backbone,
@@ -288,7 +289,7 @@ class LevelClassifier:
         if not (p / "model.safetensors").is_file():
             raise ModelFormatError(f"{p}: missing model.safetensors")
         try:
-            with _quiet_transformers():
+            with MODEL_BUILD_LOCK, _quiet_transformers():
                 model = AutoModelForSequenceClassification.from_pretrained(p, use_safetensors=True)
                 tokenizer = AutoTokenizer.from_pretrained(p)
         except (OSError, ValueError) as exc:

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from argusdiff.loading import MODEL_BUILD_LOCK
 from classifiers.errors import ClassifierInputError, ModelFormatError
 
 __all__ = ["CLIPScore", "ClipEmbedder", "PickScoreScorer", "make_scorer"]
@@ -58,9 +59,10 @@ class ClipEmbedder:
         name = _resolve_model_name(model)
         local = pretrained is not None and Path(pretrained).exists()
         try:
-            clip, _, preprocess = open_clip.create_model_and_transforms(
-                name, pretrained=None if local else pretrained, device=device, weights_only=True
-            )
+            with MODEL_BUILD_LOCK:
+                clip, _, preprocess = open_clip.create_model_and_transforms(
+                    name, pretrained=None if local else pretrained, device=device, weights_only=True
+                )
         except RuntimeError as exc:
             raise ModelFormatError(f"open_clip model {name!r} with pretrained={pretrained!r}: {exc}") from None
         if local:

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from argusdiff.errors import ArgusdiffError, ConfigError
+from argusdiff.loading import MODEL_BUILD_LOCK
 
 __all__ = [
     "DIM",
@@ -172,8 +173,9 @@ class PromptEncoder:
                     ) from None
                 ref = self.model_ref or str(default_model_path())
                 try:
-                    self._tokenizer = AutoTokenizer.from_pretrained(ref)
-                    self._model = AutoModel.from_pretrained(ref).to(self.device).eval()
+                    with MODEL_BUILD_LOCK:
+                        self._tokenizer = AutoTokenizer.from_pretrained(ref)
+                        self._model = AutoModel.from_pretrained(ref).to(self.device).eval()
                 except OSError as exc:
                     raise EmbeddingError(
                         f"cannot load the prompt encoder {ref!r} (a local folder, or a Hugging Face id available "

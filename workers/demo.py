@@ -215,7 +215,10 @@ def ensure_demo_model(kind: str, models_dir: str | Path) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=root))
     try:
-        pipe = build_demo_pipeline(kind)
+        from argusdiff.loading import MODEL_BUILD_LOCK
+
+        with MODEL_BUILD_LOCK:
+            pipe = build_demo_pipeline(kind)
         pipe.save_pretrained(tmp / "model", safe_serialization=True)
         try:
             os.replace(tmp / "model", target)

@@ -348,7 +348,10 @@ class ModelRegistry:
                 return self._loaded[name]
             spec = self.spec(name)
             t0 = time.perf_counter()
-            pipe = self._load_pipeline(spec)
+            from argusdiff.loading import MODEL_BUILD_LOCK
+
+            with MODEL_BUILD_LOCK:
+                pipe = self._load_pipeline(spec)
             load_s = time.perf_counter() - t0
             loaded = LoadedModel(spec=spec, pipe=pipe, device=self.device, dtype=self.torch_dtype_name(), load_s=load_s)
             self._loaded[name] = loaded
