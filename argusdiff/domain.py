@@ -110,6 +110,17 @@ class ApproxLevel:
         """Denoising steps actually run (N - K)."""
         return self.steps - self.skip
 
+    def shares_worker_with(self, other: ApproxLevel) -> bool:
+        """Whether a worker loaded for this level can serve ``other`` without a model switch:
+        both approximate-caching levels of the same model and N (they differ only in the K a
+        request resumes at, a per-request choice)."""
+        return (
+            self.strategy is Strategy.AC
+            and other.strategy is Strategy.AC
+            and self.model == other.model
+            and self.steps == other.steps
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class CascadeSpec:

@@ -19,7 +19,45 @@ import numpy as np
 
 from argusdiff.errors import ArgusdiffError
 
-__all__ = ["CacheHit", "CacheUnavailable", "LatentCacheProtocol", "LatentMeta"]
+__all__ = [
+    "EMBEDDING_META_KEY",
+    "CacheHit",
+    "CacheUnavailable",
+    "LatentCacheProtocol",
+    "LatentMeta",
+    "decode_embedding",
+    "encode_embedding",
+]
+
+#: the work-item meta key that carries the router's prompt embedding to the AC executor
+EMBEDDING_META_KEY = "embedding"
+
+
+def encode_embedding(vector: np.ndarray) -> str:
+    """A prompt embedding as text for a work item's meta (base64 of little-endian float32)."""
+    import base64
+
+    return base64.b64encode(np.asarray(vector, dtype="<f4").reshape(-1).tobytes()).decode("ascii")
+
+
+def decode_embedding(text: str | None, dim: int | None = None) -> np.ndarray | None:
+    """The embedding :func:`encode_embedding` wrote, or None when absent, malformed, not finite
+    or not ``dim`` long (the caller then embeds the prompt itself)."""
+    import base64
+    import binascii
+
+    if not text:
+        return None
+    try:
+        raw = base64.b64decode(text.encode("ascii"), validate=True)
+    except (binascii.Error, ValueError, UnicodeEncodeError):
+        return None
+    if len(raw) % 4:
+        return None
+    vec = np.frombuffer(raw, dtype="<f4").astype(np.float32)
+    if vec.size == 0 or (dim is not None and vec.size != dim) or not np.all(np.isfinite(vec)):
+        return None
+    return vec
 
 
 class CacheUnavailable(ArgusdiffError):

@@ -39,7 +39,6 @@ Inference speed (see docs/classifiers.md, "Inference speed"):
 from __future__ import annotations
 
 import contextlib
-import queue
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -50,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from argusdiff.batching import MicroBatcher
 from argusdiff.loading import MODEL_BUILD_LOCK
 from classifiers._io import default_backbone, read_meta, write_dir_atomically, write_json
 from classifiers.errors import ClassifierInputError, ModelFormatError, ModelMismatchError
@@ -496,13 +496,10 @@ class BatchedClassifier:
         self._classifier = classifier
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
-        self._queue: queue.Queue[tuple[str, Future] | None] = queue.Queue()
         self._lock = threading.Lock()
-        self._closed = False
-        self.batches = 0  # batches run (observability)
-        self.items = 0  # prompts classified
-        self._thread = threading.Thread(target=self._run, name="level-classifier-batcher", daemon=True)
-        self._thread.start()
+        self._batcher: MicroBatcher[str, str] = MicroBatcher(
+            self._predict, max_batch=max_batch, max_wait_s=max_wait_s, name="level-classifier-batcher"
+        )
 
     @property
     def classifier(self) -> LevelClassifier:
@@ -512,6 +509,16 @@ class BatchedClassifier:
     def level_ids(self) -> tuple[str, ...]:
         return self._classifier.level_ids
 
+    @property
+    def batches(self) -> int:
+        """Batches run (observability)."""
+        return self._batcher.batches
+
+    @property
+    def items(self) -> int:
+        """Prompts classified."""
+        return self._batcher.items
+
     def swap(self, classifier: LevelClassifier) -> LevelClassifier:
         """Install ``classifier`` for the next batch; returns the one it replaces."""
         classifier.check_levels(self._classifier.level_ids)
@@ -520,68 +527,23 @@ class BatchedClassifier:
         return old
 
     def submit(self, prompt: str) -> Future:
-        fut: Future = Future()
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("BatchedClassifier is closed")
-            self._queue.put((prompt, fut))
-        return fut
+        try:
+            return self._batcher.submit(prompt)
+        except RuntimeError:
+            raise RuntimeError("BatchedClassifier is closed") from None
 
     def predict(self, prompts: Sequence[str], timeout: float | None = None) -> list[str]:
         """Classify ``prompts`` through the batcher (blocking)."""
         futures = [self.submit(p) for p in prompts]
         return [f.result(timeout=timeout) for f in futures]
 
-    def _run(self) -> None:
-        while True:
-            first = self._queue.get()
-            if first is None:
-                return
-            batch = [first]
-            deadline = time.monotonic() + self.max_wait_s
-            stop = False
-            while len(batch) < self.max_batch:
-                remaining = deadline - time.monotonic()
-                try:
-                    item = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is None:
-                    stop = True
-                    break
-                batch.append(item)
-            self._classify(batch)
-            if stop:
-                return
-
-    def _classify(self, batch: list[tuple[str, Future]]) -> None:
+    def _predict(self, prompts: list[str]) -> list[str]:
         with self._lock:
             clf = self._classifier
-        live = [(p, f) for p, f in batch if f.set_running_or_notify_cancel()]
-        if not live:
-            return
-        try:
-            levels = clf.predict([p for p, _ in live], batch_size=max(len(live), 1))
-        except Exception:
-            # one bad prompt must not fail its batch-mates: classify one by one
-            for p, f in live:
-                try:
-                    f.set_result(clf.predict([p])[0])
-                except Exception as exc:
-                    f.set_exception(exc)
-        else:
-            for (_, f), lv in zip(live, levels, strict=True):
-                f.set_result(lv)
-        self.batches += 1
-        self.items += len(live)
+        return clf.predict(prompts, batch_size=max(len(prompts), 1))
 
     def close(self, timeout: float | None = 10.0) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            self._queue.put(None)
-        self._thread.join(timeout)
+        self._batcher.close(timeout)
 
     def __enter__(self) -> BatchedClassifier:
         return self

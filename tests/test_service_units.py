@@ -135,6 +135,37 @@ def test_control_loop_removes_a_silent_worker_and_moves_its_queue():
     asyncio.run(scenario())
 
 
+def test_control_loop_moves_unserved_work_but_leaves_ac_siblings_to_their_model_workers():
+    from fixtures_service import service_settings
+
+    from argusdiff.service.app import Service
+    from workers.executor import WorkItem
+
+    async def scenario():
+        service = Service(service_settings("demo-cpu", workers=0, policy="nirvana"))
+        await service.dispatch.start()
+        store, control, queue = service.store, service.control, service.dispatch.queue
+        store.beat("w1", {"level": None}, ttl_s=60)
+        plan = await control.tick()
+        assert set(plan.assignment.values()) == {"xl-k0"}  # NIRVANA: AC on every worker at K = 0
+        queue.put("xl-k4", WorkItem("r1", "a cat", "xl-k4"))
+        await control.tick(full=False)
+        assert queue.qsize("xl-k4") == 1 and control.migrated == 0  # the K = 0 workers take it
+
+        service = Service(service_settings("sm-a100", workers=0, policy="clipper-ht"))
+        await service.dispatch.start()
+        store, control, queue = service.store, service.control, service.dispatch.queue
+        store.beat("w1", {"level": None}, ttl_s=60)
+        plan = await control.tick()
+        best, fastest = service.profile.ids[0], service.profile.ids[-1]
+        assert set(plan.assignment.values()) == {fastest}
+        queue.put(best, WorkItem("r2", "a cat", best))
+        await control.tick(full=False)
+        assert queue.qsize(best) == 0 and queue.qsize(fastest) == 1 and control.migrated == 1
+
+    asyncio.run(scenario())
+
+
 def test_service_modules_import_no_heavy_libraries():
     import subprocess
     import sys

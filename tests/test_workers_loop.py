@@ -91,6 +91,53 @@ def test_plan_change_switches_level_without_dropping_queued_work(demo_ac):
     assert q.qsize("xl-k0") == 0 and w.stats.processed == 4 and w.stats.failed == 0
 
 
+def test_ac_worker_serves_unserved_sibling_levels_of_its_model(demo_ac):
+    """NIRVANA's plan puts every worker at K = 0 and routes prompts to other K: a worker takes the
+    queues of the AC levels of its model that no worker holds, in turn with its own, at their K."""
+    profile, factory = demo_ac
+    levels = {lv.id: lv for lv in profile.levels}
+    q = InProcessWorkQueue()
+    w = Worker("w0", q, factory, poll_s=0.05, levels=levels)
+    served = Plan(
+        version=1,
+        created_s=0.0,
+        strategy=Strategy.AC,
+        levels=("xl-k0", "xl-k2", "xl-k4"),
+        assignment={"w0": "xl-k0", "w1": "xl-k2"},
+        share=(1.0, 0.0, 0.0),
+        pasm=((1, 0, 0), (1, 0, 0), (1, 0, 0)),
+        predicted_qpm=1.0,
+        expected_quality=1.0,
+    )
+    w.apply_plan(served)
+    assert w.sibling_levels == ("xl-k4",)  # xl-k2 has a worker of its own
+    _put(q, "xl-k0", 2, prefix="a")
+    _put(q, "xl-k2", 1, prefix="b")
+    _put(q, "xl-k4", 2, prefix="c")
+    assert w.drain() == 4
+    assert q.qsize("xl-k2") == 1  # left for w1
+    for rid in ("c0", "c1"):
+        res = q.wait_result(rid, timeout=0)
+        assert res.ok and res.level == "xl-k4" and res.worker_id == "w0"
+    assert w.level == "xl-k0" and w.stats.switches == 1  # no model switch for a sibling
+    # another model's levels are never siblings
+    sm = load_demo_profile("demo-cpu-sm")
+    other = Worker("w9", q, factory, poll_s=0.05, levels={**levels, **{lv.id: lv for lv in sm.levels}})
+    mixed = Plan(
+        version=2,
+        created_s=0.0,
+        strategy=Strategy.AC,
+        levels=("xl-k0", *sm.ids),
+        assignment={"w9": "xl-k0"},
+        share=(1.0,) + (0.0,) * len(sm.ids),
+        pasm=tuple((1.0,) + (0.0,) * len(sm.ids) for _ in range(1 + len(sm.ids))),
+        predicted_qpm=1.0,
+        expected_quality=1.0,
+    )
+    other.apply_plan(mixed)
+    assert other.sibling_levels == ()
+
+
 def test_switching_to_another_model_loads_it_and_keeps_serving(demo_registry):
     profile = load_demo_profile("demo-cpu-sm")
     q = InProcessWorkQueue()

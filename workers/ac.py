@@ -23,7 +23,14 @@ from typing import Any
 import numpy as np
 
 from argusdiff.domain import ApproxLevel, Profile, Strategy
-from cache.api import CacheHit, CacheUnavailable, LatentCacheProtocol, LatentMeta
+from cache.api import (
+    EMBEDDING_META_KEY,
+    CacheHit,
+    CacheUnavailable,
+    LatentCacheProtocol,
+    LatentMeta,
+    decode_embedding,
+)
 from workers.errors import LatentMismatch, WorkerError
 from workers.executor import WorkItem, WorkResult
 from workers.pipelines import check_resumable, generate, latent_shape, resume
@@ -81,13 +88,35 @@ class ApproxCacheExecutor(ModelExecutor):
             ks.add(level.skip)
         self.capture_ks = tuple(sorted(k for k in ks if 0 < k < level.steps))
         self.store_latents = store and cache is not None
-        self.stats = {"hits": 0, "misses": 0, "cache_errors": 0, "mismatches": 0, "stored": 0}
+        self.stats = {"hits": 0, "misses": 0, "cache_errors": 0, "mismatches": 0, "stored": 0, "embedded": 0}
 
     def embed(self, prompts: Sequence[str]) -> np.ndarray:
         if self._embed is None:
             self._embed = default_embedder()
         out = np.asarray(self._embed(list(prompts)), dtype=np.float32)
         return out.reshape(len(prompts), -1)
+
+    def _embeddings(self, items: Sequence[WorkItem]) -> np.ndarray:
+        """The items' prompt embeddings: the router's (``meta["embedding"]``, when it looked the
+        prompt up in the cache already and the size matches) or this executor's encoder."""
+        dim = getattr(getattr(self.cache, "index", None), "dim", None)
+        given = [decode_embedding(i.meta.get(EMBEDDING_META_KEY), dim) for i in items]
+        missing = [j for j, v in enumerate(given) if v is None]
+        if not missing:
+            return np.stack(given)  # type: ignore[arg-type]
+        fresh = self.embed([items[j].prompt for j in missing])
+        self.stats["embedded"] += len(missing)
+        if len(missing) == len(items):
+            return fresh
+        out = np.empty((len(items), fresh.shape[1]), dtype=np.float32)
+        for row, j in enumerate(missing):
+            out[j] = fresh[row]
+        for j, v in enumerate(given):
+            if v is not None:
+                if v.size != fresh.shape[1]:
+                    return self.embed([i.prompt for i in items])  # sizes disagree: one encoder for all
+                out[j] = v
+        return out
 
     def _scheduler_name(self) -> str:
         return check_resumable(self.loaded)
@@ -120,7 +149,7 @@ class ApproxCacheExecutor(ModelExecutor):
         if self.cache is not None and (k > 0 or self.store_latents):
             t0 = time.perf_counter()
             try:
-                embeddings = self.embed([i.prompt for i in items])
+                embeddings = self._embeddings(items)
             except Exception as exc:
                 for entry in lookups:
                     entry["error"] = f"prompt embedding failed: {exc}"

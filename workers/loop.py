@@ -8,6 +8,11 @@ run it at the planned batch size, publish one result per request, and follow pla
   the new level is built before the next ``get``. Nothing queued is dropped.
 * A batch is the first item (blocking up to ``poll_s``) plus whatever else is already queued,
   up to the batch size.
+* Approximate caching: the levels of one model differ only in the K a request resumes at, so a
+  worker at one of them also serves the queues of its *sibling* AC levels (same model and N,
+  :meth:`ApproxLevel.shares_worker_with`) that the plan gives no worker of their own — e.g.
+  NIRVANA's plan puts every worker at K = 0 and routes each prompt to the K its cache similarity
+  allows. The worker takes from its own queue and those in turn, never a model switch.
 * Requests are never dropped for lateness here (admission is the router's job); a result of an
   item with a deadline carries ``timings["late_s"]`` (0 when on time).
 * Failures never lose a request: an executor error becomes an error result for each item of the
@@ -21,7 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -57,6 +62,7 @@ class Worker:
         batch_size: int = 1,
         poll_s: float = 0.2,
         on_result: Callable[[WorkResult], None] | None = None,
+        levels: Mapping[str, Any] | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -77,6 +83,9 @@ class Worker:
         self.plan_version: int | None = None
         self.last_error: str | None = None
         self._thresholds: dict[str, float] = {}  # cascade light level -> planned threshold
+        self.levels = dict(levels or {})  # level id -> ApproxLevel, to find AC siblings
+        self._siblings: tuple[str, ...] = ()  # unserved AC levels of this worker's model
+        self._turn = 0
 
     # -- control path ------------------------------------------------------------------------
     @property
@@ -103,10 +112,25 @@ class Worker:
         level = plan.assignment.get(self.worker_id)
         batch = plan.batch_sizes.get(level) if level is not None else None
         thresholds = getattr(plan, "thresholds", None) or {}
+        siblings: tuple[str, ...] = ()
+        mine = self.levels.get(level) if level is not None else None
+        if mine is not None:
+            served = {lv for lv in plan.assignment.values() if lv is not None}
+            siblings = tuple(
+                lv
+                for lv in plan.levels
+                if lv not in served and lv in self.levels and mine.shares_worker_with(self.levels[lv])
+            )
         with self._lock:
             self._thresholds = dict(thresholds)
+            self._siblings = siblings
         self.plan_version = plan.version
         self.set_level(level, batch)
+
+    @property
+    def sibling_levels(self) -> tuple[str, ...]:
+        """The unserved AC levels this worker also takes work for (see the module doc)."""
+        return self._siblings
 
     def status(self) -> dict[str, Any]:
         ex = self._executors.get(self._level) if self._level else None
@@ -161,8 +185,8 @@ class Worker:
         return self._level is not None
 
     # -- data path ---------------------------------------------------------------------------
-    def _take_batch(self, level: str) -> list[WorkItem]:
-        first = self.queue.get(level, timeout=self.poll_s)
+    def _take_batch(self, level: str, timeout: float | None = None) -> list[WorkItem]:
+        first = self.queue.get(level, timeout=self.poll_s if timeout is None else timeout)
         if first is None:
             return []
         batch = [first]
@@ -212,14 +236,20 @@ class Worker:
             return 0
         level = self._level
         assert level is not None
-        items = self._take_batch(level)
+        level, items = self._next_batch(level)
         if not items:
             return 0
         if self._stop.is_set():
             for item in items:
                 self.queue.nack(item)
             return 0
-        executor = self._executors[level]
+        try:
+            executor = self._executor_for(level)
+        except Exception as exc:
+            log.error("worker %s: cannot serve sibling level %s: %s", self.worker_id, level, exc)
+            for item in items:
+                self.queue.nack(item)
+            return 0
         t0 = time.perf_counter()
         try:
             results = executor.run(items)
@@ -234,6 +264,28 @@ class Worker:
         for item, result in zip(items, results, strict=True):
             self._publish(item, result)
         return len(items)
+
+    def _next_batch(self, level: str) -> tuple[str, list[WorkItem]]:
+        """The next batch: from this worker's level, or, with AC siblings, from its level and
+        theirs in turn (none waits behind another's backlog), blocking on its own level last."""
+        with self._lock:
+            siblings = self._siblings
+        if not siblings:
+            return level, self._take_batch(level)
+        order = (level, *siblings)
+        self._turn = (self._turn + 1) % len(order)
+        for j in range(len(order)):
+            lv = order[(self._turn + j) % len(order)]
+            items = self._take_batch(lv, timeout=0)
+            if items:
+                return lv, items
+        return level, self._take_batch(level)
+
+    def _executor_for(self, level: str) -> LevelExecutor:
+        executor = self._executors.get(level)
+        if executor is None:  # a sibling: same model, built once and kept while it stays one
+            executor = self._executors[level] = self.executor_factory(level)
+        return executor
 
     def run_forever(self) -> None:
         while not self._stop.is_set():

@@ -24,6 +24,7 @@ __all__ = ["ArgusPlus"]
 
 class ArgusPlus(Argus):
     name = "argus+"
+    uses_cache_similarity = True  # AC and mixed plans: is a fast AC level a hit for this prompt?
     _cache_key: tuple[str, ...] | None = None
     _cache_flags: tuple[bool, ...] = ()
     _mixed: bool = False

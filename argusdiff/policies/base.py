@@ -140,6 +140,8 @@ class Policy(abc.ABC):
     strategies: frozenset[Strategy] = frozenset({Strategy.AC, Strategy.SM})
     #: whether the policy needs the classifier's optimal level in the RouteView
     uses_classifier: bool = False
+    #: whether ``route`` reads RouteView.cache_similarity (the live router then looks it up)
+    uses_cache_similarity: bool = False
 
     def __init__(
         self,

@@ -17,6 +17,7 @@ __all__ = ["Nirvana"]
 class Nirvana(Policy):
     name = "nirvana"
     strategies = frozenset({Strategy.AC})
+    uses_cache_similarity = True
 
     def __init__(self, profile, *, rng, classifier=None, config=None) -> None:
         super().__init__(profile, rng=rng, classifier=classifier, config=config)

@@ -105,6 +105,7 @@ class Service:
         executor_factory: Any = None,
         cache: Any = None,
         cache_probe: Any = None,
+        cache_similarity: Any = None,
     ) -> None:
         self.settings = settings
         cfg = self.config = settings.service
@@ -131,6 +132,13 @@ class Service:
         self.cache_health = CacheHealth(
             cfg.cache_window, latency_limit_s=cfg.cache_latency_threshold_s, error_limit=cfg.cache_error_threshold
         )
+        real_workers = cfg.workers > 0 and cfg.stand_in_scale is None and executor_factory is None
+        if cache is None and real_workers:
+            cache = build_cache(settings, self.profile)
+        self.cache = cache
+        if cache_similarity is None and getattr(self.policy, "uses_cache_similarity", False):
+            cache_similarity = self._cache_view(cache)
+        self.cache_similarity = cache_similarity
         self.router = Router(
             profile=self.profile,
             policy=self.policy,
@@ -141,11 +149,8 @@ class Service:
             fallback=self.fallback,
             cache_health=self.cache_health,
             sizes=served_sizes(settings, self.profile),
+            similarity=cache_similarity,
         )
-        real_workers = cfg.workers > 0 and cfg.stand_in_scale is None and executor_factory is None
-        if cache is None and real_workers:
-            cache = build_cache(settings, self.profile)
-        self.cache = cache
         if cache_probe is None and cache is not None:
             cache_probe = self._probe_latent_cache
         self.factory = executor_factory or ExecutorFactory(
@@ -159,6 +164,7 @@ class Service:
             period_s=cfg.control_period_s,
             heartbeat_s=cfg.heartbeat_s,
             level_ids=tuple(self.levels),
+            levels=self.levels,
             cache_probe=cache_probe,
             probe_period_s=cfg.cache_probe_period_s,
         )
@@ -199,6 +205,35 @@ class Service:
             claim_idle_s=max(60.0, 10 * cfg.worker_timeout_s),
         )
 
+    def _cache_view(self, cache: Any) -> Any:
+        """The router's cache-similarity view (:mod:`argusdiff.service.similarity`) for a policy
+        that routes by it: over this process's cache, or, for a router without local workers,
+        over a shared index (``[cache] index = "qdrant"`` with ``qdrant_url``). None otherwise: the
+        policy then routes every prompt as a cache miss."""
+        from argusdiff.service.similarity import CacheSimilarity, ac_model
+
+        model = ac_model(self.profile)
+        if model is None:
+            return None
+        c = self.settings.cache
+        if cache is None and c.enabled and c.index == "qdrant" and c.qdrant_url:
+            from cache.api import CacheUnavailable
+            from cache.latent_cache import LatentCache
+
+            try:
+                cache = LatentCache.from_config(c)
+            except CacheUnavailable as exc:
+                log.warning("no cache-similarity view: %s", exc)
+                return None
+        if cache is None:
+            log.warning(
+                "policy %s routes by cache similarity, but this router has no view of the latent cache "
+                "(no local AC workers and no shared qdrant_url): every prompt routes as a cache miss",
+                self.policy.name,
+            )
+            return None
+        return CacheSimilarity(cache, model=model, max_batch=self.settings.classifier.max_batch)
+
     def _probe_latent_cache(self) -> None:
         """A background probe (ARGUS §4.6): an index lookup of a random unit vector, then a fetch of
         a blob that does not exist from the store (a healthy store answers "missing"). Raises when
@@ -233,9 +268,10 @@ class Service:
         for w in self.workers:
             w.stop()
         await self.dispatch.close()
-        close = getattr(self.classifier, "close", None)
-        if callable(close):
-            close()
+        for part in (self.classifier, self.cache_similarity):
+            close = getattr(part, "close", None)
+            if callable(close):
+                close()
         self.started = False
 
     def ready(self) -> bool:

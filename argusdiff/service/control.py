@@ -10,7 +10,8 @@ One :meth:`ControlLoop.tick`:
 3. ``ClusterStats`` (arrivals, optimal-level counts H, per-level queues, which worker runs or loads
    which level, cache latency and error rate) → ``policy.plan()`` → publish;
 4. queued work of a level the new plan no longer serves moves to the nearest served level
-   (faster first), so nothing waits for a worker that will never come.
+   (faster first), so nothing waits for a worker that will never come; an AC level whose model a
+   served AC level runs stays put (those workers take its work, see :mod:`workers.loop`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import dataclasses
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from argusdiff.domain import ClusterStats, Plan, Strategy
@@ -43,6 +44,7 @@ class ControlLoop:
         period_s: float,
         heartbeat_s: float,
         level_ids: tuple[str, ...],
+        levels: Mapping[str, Any] | None = None,
         cache_probe: Callable[[], Any] | None = None,
         probe_burst: int = 3,
         probe_period_s: float = 0.0,
@@ -56,6 +58,7 @@ class ControlLoop:
         self.period_s = period_s
         self.heartbeat_s = heartbeat_s
         self.level_ids = level_ids
+        self.levels = dict(levels or {})  # level id -> ApproxLevel (AC siblings share workers)
         self.cache_probe = cache_probe
         self.probe_burst = probe_burst
         self.probe_period_s = probe_period_s
@@ -192,7 +195,7 @@ class ControlLoop:
             return
         order = list(self.level_ids)
         for lv, depth in level_queue.items():
-            if depth <= 0 or lv in served:
+            if depth <= 0 or lv in served or self._sibling_served(lv, served):
                 continue
             i = order.index(lv)
             # nearest served level, faster first (keeps deadlines), else the next better one
@@ -205,6 +208,11 @@ class ControlLoop:
             if n:
                 self.migrated += n
                 log.info("moved %d queued items from unserved level %s to %s", n, lv, target)
+
+    def _sibling_served(self, level_id: str, served: list[str]) -> bool:
+        """Whether a worker of a served AC level of the same model takes this level's work."""
+        lv = self.levels.get(level_id)
+        return lv is not None and any(s in self.levels and self.levels[s].shares_worker_with(lv) for s in served)
 
     def _observe(self, plan: Plan) -> None:
         m = self.metrics

@@ -52,6 +52,12 @@ class ServiceMetrics:
         self.cache_lookup = Histogram(
             "argusdiff_cache_lookup_seconds", "Latent cache lookup + fetch latency", buckets=_FAST_BUCKETS, registry=r
         )
+        self.cache_similarity_lookup = Histogram(
+            "argusdiff_cache_similarity_seconds",
+            "Router-side nearest-cached-prompt lookup (embed + index) for policies that route by cache similarity",
+            buckets=_FAST_BUCKETS,
+            registry=r,
+        )
         self.slo_violations = Counter(
             "argusdiff_slo_violations", "Images finished after their deadline, by level", ["level"], registry=r
         )

@@ -25,6 +25,7 @@ from argusdiff.service.errors import ApiError, QueueUnavailable
 from argusdiff.service.health import CacheHealth
 from argusdiff.service.metrics import ServiceMetrics
 from argusdiff.service.schemas import GenerationSpec, Limits
+from cache.api import EMBEDDING_META_KEY, CacheUnavailable, encode_embedding
 from workers.executor import WorkItem, WorkResult
 
 __all__ = ["Router", "Submission"]
@@ -79,6 +80,7 @@ class Router:
         fallback: Profile | None = None,
         cache_health: CacheHealth | None = None,
         sizes: tuple[str, ...] | None = None,
+        similarity: Any = None,
         clock=time.time,
     ) -> None:
         self.profile = profile
@@ -88,6 +90,8 @@ class Router:
         self.metrics = metrics
         self.config = config
         self.classifier = classifier if getattr(policy, "uses_classifier", False) else None
+        # the cache-similarity view (argusdiff.service.similarity), for policies that read it
+        self.similarity = similarity if getattr(policy, "uses_cache_similarity", False) else None
         self.cache_health = cache_health or CacheHealth(
             config.cache_window,
             latency_limit_s=config.cache_latency_threshold_s,
@@ -135,7 +139,9 @@ class Router:
         self.arrivals, self.affinity, self.level_arrivals = 0, Counter(), Counter()
         return out
 
-    def view(self, now: float, plan: Plan, optimal: str | None, slo_s: float) -> RouteView:
+    def view(
+        self, now: float, plan: Plan, optimal: str | None, slo_s: float, similarity: float | None = None
+    ) -> RouteView:
         per_level: dict[str, list[str]] = {}
         for w, lv in plan.assignment.items():
             if lv is not None:
@@ -156,7 +162,7 @@ class Router:
             worker_models={w: lv for w, lv in plan.assignment.items()},
             up=self.up or frozenset(plan.assignment),
             optimal_level=optimal,
-            cache_similarity=None,
+            cache_similarity=similarity,
             cache_healthy=self.cache_health.healthy,
             slo_s=slo_s,
         )
@@ -191,6 +197,26 @@ class Router:
             log.warning("classifier failed: %s", exc)
             return None
 
+    async def _cache_similarity(self, prompt: str) -> tuple[float | None, Any]:
+        """The prompt's similarity to its nearest cached prompt and its embedding (None, None: no
+        view, an unhealthy cache, or a failed lookup, which counts against the cache's health;
+        similarity None with an embedding: nothing of the model is cached yet)."""
+        if self.similarity is None or not self.cache_health.healthy:
+            return None, None
+        t0 = time.perf_counter()
+        try:
+            sim, embedding = await self.similarity.lookup(prompt)
+        except CacheUnavailable as exc:
+            self.cache_health.record(None, error=True)
+            self.metrics.cache_lookups.labels("error").inc()
+            log.warning("cache similarity lookup failed: %s", exc)
+            return None, None
+        except Exception as exc:  # the view steers routing only; never fail a request over it
+            log.warning("cache similarity lookup failed: %s", exc)
+            return None, None
+        self.metrics.cache_similarity_lookup.observe(time.perf_counter() - t0)
+        return sim, embedding
+
     # -- the data path ---------------------------------------------------------------------
 
     async def submit(self, spec: GenerationSpec) -> Submission:
@@ -215,7 +241,10 @@ class Router:
         now = self.clock()
         slo = self.slo_for(spec)
         gid = f"gen-{uuid.uuid4().hex[:24]}"
-        optimal = await self._classify(spec.prompt)
+        optimal, (similarity, embedding) = await asyncio.gather(
+            self._classify(spec.prompt), self._cache_similarity(spec.prompt)
+        )
+        embedding_text = encode_embedding(embedding) if embedding is not None else None
         items: list[WorkItem] = []
         levels: list[str] = []
         for i in range(spec.n):
@@ -230,7 +259,7 @@ class Router:
                 min_quality_level=spec.min_quality_level,
                 seed=seed,
             )
-            assignment = self.policy.route(request, plan, self.view(now, plan, optimal, slo))
+            assignment = self.policy.route(request, plan, self.view(now, plan, optimal, slo, similarity))
             if assignment.dropped or assignment.level is None:
                 self.metrics.requests.labels("none", "rejected").inc(spec.n)
                 raise ApiError(
@@ -244,6 +273,10 @@ class Router:
             meta = {"tier": spec.tier.value, "group": gid, "size": spec.size}
             if optimal is not None:
                 meta["optimal_level"] = optimal
+            if similarity is not None:
+                meta["cache_similarity"] = f"{similarity:.4f}"
+            if embedding_text is not None:
+                meta[EMBEDDING_META_KEY] = embedding_text  # the AC executor need not embed again
             if assignment.worker:
                 meta["worker_hint"] = assignment.worker
             items.append(

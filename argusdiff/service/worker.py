@@ -53,7 +53,9 @@ class ServiceWorker:
         self.worker_id = worker_id
         self.queue = queue
         self.store = store
-        self.worker = Worker(worker_id, queue, executor_factory, poll_s=poll_s)
+        self.worker = Worker(
+            worker_id, queue, executor_factory, poll_s=poll_s, levels=getattr(executor_factory, "levels", None)
+        )
         self.heartbeat_s = heartbeat_s
         self.ttl_s = ttl_s
         self.level_ids = level_ids
