@@ -93,9 +93,10 @@ class CacheHit:
 
 @runtime_checkable
 class LatentCacheProtocol(Protocol):
-    def lookup(self, embedding: np.ndarray, k: int, *, model: str) -> CacheHit | None:
+    def lookup(self, embedding: np.ndarray, k: int, *, model: str, steps: int | None = None) -> CacheHit | None:
         """Nearest earlier prompt with a latent at ``k`` for ``model`` whose similarity is high
-        enough for ``k`` under the cache's threshold policy; None on a miss.
+        enough for ``k`` (of ``steps``, the level's N, when given) under the cache's threshold
+        policy; None on a miss.
         Raises :class:`CacheUnavailable` when the index or store fails."""
         ...
 

@@ -45,15 +45,18 @@ class MemoryLatentCache:
         self.stores = 0
         self.min_k_similarity = min_k_similarity  # K -> similarity needed (default: NIRVANA scaled)
 
-    def _needed(self, k: int) -> float:
+    def _needed(self, k: int, steps: int | None = None) -> float:
         if self.min_k_similarity is not None and k in self.min_k_similarity:
             return self.min_k_similarity[k]
+        from cache.policy import CachePolicy
+
+        k = CachePolicy().scaled_k(k, steps)
         for sim, kk in reversed(self.thresholds):
             if k <= kk:
                 return sim
         return 1.0
 
-    def lookup(self, embedding: np.ndarray, k: int, *, model: str) -> CacheHit | None:
+    def lookup(self, embedding: np.ndarray, k: int, *, model: str, steps: int | None = None) -> CacheHit | None:
         self.lookups += 1
         if self.broken:
             raise CacheUnavailable("memory cache is down (test)")
@@ -64,7 +67,7 @@ class MemoryLatentCache:
             sim = float(np.dot(emb, embedding))
             if best is None or sim > best[0]:
                 best = (sim, idx)
-        if best is None or best[0] <= self._needed(k) - 1e-6:
+        if best is None or best[0] <= self._needed(k, steps) - 1e-6:
             return None
         emb, latents, meta = self.entries[best[1]]
         return CacheHit(

@@ -127,6 +127,20 @@ def test_nirvana_chooses_k_from_cache_similarity(profiles, all_profiles_workload
     assert ac.level(pol.route(Request(id="r", prompt="p", arrival_s=0.0), plan, view).level).skip == 0
 
 
+def test_nirvana_judges_k_of_a_short_schedule_as_a_fraction_of_the_run():
+    demo = load_profile("demo-cpu")  # N = 8, K in {0, 2, 4}
+    pol = make_policy("nirvana", demo, rng=np.random.default_rng(0))
+    # K = 4 of 8 is half the run, like K = 25 of 50; K = 2 of 8 like 13 of 50
+    assert [pol.level_for_k(k) for k in (25, 20, 15, 10, 5, 0)] == [
+        "xl-k4",
+        "xl-k2",
+        "xl-k2",
+        "xl-k0",
+        "xl-k0",
+        "xl-k0",
+    ]
+
+
 def test_diffserve_defers_by_threshold_and_drops_hopeless_queries(profiles, all_profiles_workload):
     cascade = profiles["cascade"]
     wl = all_profiles_workload("poisson:qpm=150,duration=10m")

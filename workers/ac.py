@@ -161,7 +161,7 @@ class ApproxCacheExecutor(ModelExecutor):
                     continue
                 t1 = time.perf_counter()
                 try:
-                    hit = self.cache.lookup(embeddings[idx], k, model=self.model)
+                    hit = self.cache.lookup(embeddings[idx], k, model=self.model, steps=self.level.steps)
                 except CacheUnavailable as exc:
                     entry["error"] = str(exc) or "cache unavailable"
                     entry["lookup_s"] += time.perf_counter() - t1

@@ -28,9 +28,15 @@ class Nirvana(Policy):
         self._k_cache: dict[int, str] = {}
 
     def level_for_k(self, k: int) -> str:
+        """The level skipping the most steps within ``k`` (K of the thresholds' N = 50; a level of
+        another N is compared at the same fraction of its trajectory, as the cache judges it)."""
         got = self._k_cache.get(k)
         if got is None:
-            usable = [s for s in self.ks if s <= k]
+            from cache.policy import CachePolicy
+
+            scale = CachePolicy().scaled_k
+            steps = {lv.skip: lv.steps for lv in self.profile.levels}
+            usable = [s for s in self.ks if scale(s, steps[s]) <= k]
             got = self.by_k[max(usable)] if usable else self.profile.levels[0].id
             self._k_cache[k] = got
         return got
