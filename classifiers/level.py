@@ -489,17 +489,16 @@ class BatchedClassifier:
     """
 
     def __init__(self, classifier: LevelClassifier, *, max_batch: int = 32, max_wait_s: float = 0.005) -> None:
-        if max_batch < 1:
-            raise ClassifierInputError(f"max_batch must be >= 1, got {max_batch}")
-        if max_wait_s < 0:
-            raise ClassifierInputError(f"max_wait_s must be >= 0, got {max_wait_s}")
         self._classifier = classifier
+        self._lock = threading.Lock()
+        try:
+            self._batcher: MicroBatcher[str, str] = MicroBatcher(
+                self._predict, max_batch=max_batch, max_wait_s=max_wait_s, name="level-classifier-batcher"
+            )
+        except ValueError as exc:
+            raise ClassifierInputError(str(exc)) from None
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
-        self._lock = threading.Lock()
-        self._batcher: MicroBatcher[str, str] = MicroBatcher(
-            self._predict, max_batch=max_batch, max_wait_s=max_wait_s, name="level-classifier-batcher"
-        )
 
     @property
     def classifier(self) -> LevelClassifier:
