@@ -18,6 +18,11 @@ Sections (each prints a Markdown table; medians and percentiles from this one ru
    each AC level re-serves the same prompts from the cache; reports UNet calls per request and
    the fraction saved per K (needs torch, diffusers and the MiniLM prompt encoder; skipped
    otherwise, with the reason).
+4. **Router similarity view** — what ``nirvana``/``argus+`` add to the live router's request path
+   (``argusdiff.service.similarity.CacheSimilarity``): MiniLM embedding of real prompts plus the
+   nearest-prompt query on an HNSW index of ``--view-size`` entries, one request at a time
+   (p50/p99 per request) and 32 concurrent requests micro-batched (prompts/s). Needs the MiniLM
+   encoder; skipped otherwise.
 
 Usage: ``python scripts/bench_cache.py [--sizes 1000 10000 100000] [--s3] [--json out.json]``
 """
@@ -285,6 +290,74 @@ def bench_unet(prompts_n: int) -> tuple[list[dict], str | None]:
     return rows, None
 
 
+def bench_view(entries: int, requests: int, seed: int) -> tuple[list[dict], str | None]:
+    try:
+        from argusdiff.service.similarity import CacheSimilarity
+        from cache.latent_cache import LatentCache
+        from traces.prompts import builtin_prompts
+        from workers.ac import default_embedder
+    except ImportError as exc:
+        return [], f"the MiniLM prompt encoder is unavailable ({exc})"
+    import asyncio
+
+    encode = default_embedder()  # the service's encoder: no disk cache, so every prompt is encoded
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    prompts = list(builtin_prompts().prompts)
+    rng = np.random.default_rng(seed)
+    picks = rng.choice(len(prompts), 3 * requests + 2, replace=False)
+    asked = [prompts[i] for i in picks[:requests]]  # a different prompt set per measurement
+    burst = [prompts[i] for i in picks[requests : 2 * requests]]
+    alone = [prompts[i] for i in picks[2 * requests :]]
+    encode(alone[-2:])  # load the encoder outside the timings
+    centres = rng.normal(size=(2000, DIM)).astype(np.float32)
+    centres /= np.linalg.norm(centres, axis=1, keepdims=True)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        idx = HnswIndex(Path(tmp) / "i", DIM)
+        vecs = clustered(entries, rng, centres)
+        items = [(new_prompt_id(), v, "m", {10: 131_000}, 0.0) for v in vecs]
+        for i in range(0, entries, 5000):
+            idx.add_many(items[i : i + 5000])
+        cache = LatentCache(idx, LocalDirStore(Path(tmp) / "b"))
+        view = CacheSimilarity(cache, model="m", embed=encode, max_wait_s=0.002)
+
+        async def one_at_a_time() -> list[float]:
+            lat = []
+            for p in asked:
+                t0 = time.perf_counter()
+                await view.lookup(p)
+                lat.append(time.perf_counter() - t0)
+            return lat
+
+        async def concurrent(width: int) -> float:
+            t0 = time.perf_counter()
+            for i in range(0, len(burst), width):
+                await asyncio.gather(*(view.lookup(p) for p in burst[i : i + width]))
+            return len(burst) / (time.perf_counter() - t0)
+
+        lat = asyncio.run(one_at_a_time())
+        rate = asyncio.run(concurrent(32))
+        view.close()
+        cache.close()
+    embed_lat = []
+    for p in alone[:-2]:
+        t0 = time.perf_counter()
+        encode([p])
+        embed_lat.append(time.perf_counter() - t0)
+    rows.append(
+        {
+            "entries": entries,
+            "requests": requests,
+            "p50_s": pct(lat, 50),
+            "p99_s": pct(lat, 99),
+            "embed_p50_s": pct(embed_lat, 50),
+            "rate_32": rate,
+        }
+    )
+    return rows, None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[1000, 10_000, 100_000])
@@ -293,6 +366,8 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=200, help="blobs put and got per store")
     ap.add_argument("--s3", action="store_true", help="also measure the S3 server")
     ap.add_argument("--unet-prompts", type=int, default=3, help="prompts for the UNet-calls section (0 = skip)")
+    ap.add_argument("--view-size", type=int, default=10_000, help="index entries for the router view (0 = skip)")
+    ap.add_argument("--view-requests", type=int, default=300, help="prompts looked up by the router view")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
@@ -343,8 +418,25 @@ def main() -> int:
                     f"| {r['level']} | {r['k']} | {r['n']} | {r['hits']}/{r['prompts']} | {r['unet_calls']:.0f} | "
                     f"{r['saved']:.0%} |"
                 )
+    view: list[dict] = []
+    if args.view_size > 0:
+        print("\n## Router similarity view (MiniLM embed + HNSW nearest, per request)\n")
+        view, why = bench_view(args.view_size, args.view_requests, args.seed)
+        if why:
+            print(f"skipped: {why}")
+        else:
+            print(
+                "| index entries | requests | p50 ms (one at a time) | p99 ms | of which embed p50 ms "
+                "| prompts/s, 32 concurrent |"
+            )
+            print("|---:|---:|---:|---:|---:|---:|")
+            for r in view:
+                print(
+                    f"| {r['entries']:,} | {r['requests']} | {ms(r['p50_s'])} | {ms(r['p99_s'])} | "
+                    f"{ms(r['embed_p50_s'])} | {r['rate_32']:.0f} |"
+                )
     if args.json:
-        Path(args.json).write_text(json.dumps({"lookup": lookup, "store": store, "unet": unet}, indent=2))
+        Path(args.json).write_text(json.dumps({"lookup": lookup, "store": store, "unet": unet, "view": view}, indent=2))
     return 0
 
 

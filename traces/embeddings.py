@@ -242,17 +242,23 @@ _ENC_LOCK = threading.Lock()
 
 
 def get_encoder(
-    model: str | Path | None = None, *, cache_dir: str | Path | None = None, batch_size: int | None = None
+    model: str | Path | None = None,
+    *,
+    cache_dir: str | Path | None = None,
+    batch_size: int | None = None,
+    use_cache: bool = True,
 ) -> PromptEncoder:
-    """A process-wide encoder per (model, cache dir), configured from ``[traces]``."""
+    """A process-wide encoder per (model, cache dir, disk cache on/off), configured from
+    ``[traces]``. ``use_cache=False`` for serving: a live prompt stream would grow the disk cache
+    without bound and add a write to every request."""
     cfg = _settings_traces()
     model = model or (getattr(cfg, "embedding_model", None) if cfg is not None else None) or None
     bs = batch_size or (getattr(cfg, "embedding_batch_size", None) if cfg is not None else None) or 64
-    key = (str(model or ""), str(cache_dir or default_cache_dir()), bs)
+    key = (str(model or ""), str(cache_dir or default_cache_dir()), bs, use_cache)
     with _ENC_LOCK:
         enc = _ENCODERS.get(key)
         if enc is None:
-            enc = _ENCODERS[key] = PromptEncoder(model, cache_dir=cache_dir, batch_size=bs)
+            enc = _ENCODERS[key] = PromptEncoder(model, cache_dir=cache_dir, batch_size=bs, use_cache=use_cache)
         return enc
 
 

@@ -56,15 +56,16 @@ def ac_capture_ks(profile: Profile, level: ApproxLevel) -> tuple[int, ...]:
 
 
 def default_embedder() -> Embedder:
-    """The MiniLM prompt encoder of :mod:`traces.embeddings` (384-d, L2-normalised)."""
+    """The MiniLM prompt encoder of :mod:`traces.embeddings` (384-d, L2-normalised), without its
+    disk cache (a serving prompt stream would grow it without bound)."""
     try:
-        from traces.embeddings import encode_prompts
+        from traces.embeddings import get_encoder
     except ImportError as exc:  # pragma: no cover - depends on the installed extras
         raise WorkerError(
             f"approximate caching needs a prompt encoder: traces.embeddings is unavailable ({exc}); "
             "pass embed= or install the 'models' extra"
         ) from None
-    return encode_prompts
+    return get_encoder(use_cache=False).encode
 
 
 class ApproxCacheExecutor(ModelExecutor):
