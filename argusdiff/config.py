@@ -227,6 +227,12 @@ class ServiceConfig(_Section):
         5.0, gt=0, description="a worker silent this long is dead: removed, its work re-queued"
     )
     request_timeout_s: float = Field(300.0, gt=0, description="longest a synchronous request waits for its images")
+    drain_timeout_s: float = Field(
+        60.0,
+        ge=0,
+        description="embedded mode, on shutdown: how long the workers keep serving accepted images "
+        "(new requests get 503 meanwhile)",
+    )
     result_ttl_s: float = Field(3600.0, gt=0, description="how long results and `url` images stay retrievable")
     retry_after_s: int = Field(2, ge=1, description="Retry-After seconds sent with 429/503")
     tier_slo_factors: dict[str, float] = Field(

@@ -166,6 +166,40 @@ def test_control_loop_moves_unserved_work_but_leaves_ac_siblings_to_their_model_
     asyncio.run(scenario())
 
 
+def test_shutdown_drains_accepted_work_in_embedded_mode_and_refuses_new_requests():
+    """Embedded queues live in the process: on shutdown the workers finish what was accepted
+    (here, asynchronous submissions nobody waits on) before they stop; new requests get 503."""
+    from fixtures_service import service_settings
+
+    from argusdiff.service.app import Service
+    from argusdiff.service.schemas import parse_native
+
+    async def scenario():
+        service = Service(service_settings(workers=2, stand_in_scale=0.02, policy="clipper-ht", drain_timeout_s=60))
+        await service.start()
+        router = service.router
+        for _ in range(200):
+            if router.plan is not None and any(router.plan.assignment.values()):
+                break
+            await asyncio.sleep(0.05)
+        subs = [
+            await router.submit(parse_native({"prompt": f"a cat {i}", "wait": False}, router.limits)) for i in range(12)
+        ]
+        assert len(router.inflight) > 0  # still queued or running when the shutdown starts
+        stopping = asyncio.create_task(service.stop())
+        await asyncio.sleep(0)
+        assert not service.ready()
+        with pytest.raises(ApiError) as err:
+            await router.submit(parse_native({"prompt": "late"}, router.limits))
+        assert err.value.status == 503 and err.value.code == "shutting_down"
+        await stopping
+        assert router.accepted == 12 and router.completed == 12 and not router.inflight
+        done = await service.dispatch.fetch_results([rid for sub in subs for rid in sub.request_ids])
+        assert len(done) == 12 and all(r.ok for r in done.values())
+
+    asyncio.run(scenario())
+
+
 def test_service_modules_import_no_heavy_libraries():
     import subprocess
     import sys

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -263,7 +264,28 @@ class Service:
         self.control.start()
         self.started = True
 
+    async def drain(self, timeout_s: float | None = None) -> int:
+        """Stop accepting (503 ``shutting_down``, ``/readyz`` not ready) and, in embedded mode,
+        let the workers finish the accepted images for up to ``timeout_s`` (``[service]
+        drain_timeout_s``): they live only in this process. With Redis they stay queued for the
+        other workers, so nothing waits. Returns the images still unfinished."""
+        self.router.closing = True
+        if self.dispatch.mode != "embedded" or not self.workers:
+            return 0
+        limit = self.config.drain_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + limit
+        while self.router.inflight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        left = len(self.router.inflight)
+        if left:
+            log.warning("stopping with %d accepted images unfinished after %.0f s of draining", left, limit)
+        elif self.router.accepted:
+            log.info("drained: every accepted image finished")
+        return left
+
     async def stop(self) -> None:
+        if self.started:
+            await self.drain()
         await self.control.stop()
         for w in self.workers:
             w.stop()
@@ -275,6 +297,8 @@ class Service:
         self.started = False
 
     def ready(self) -> bool:
+        if self.router.closing:
+            return False
         plan = self.router.plan
         ok = plan is not None and any(lv is not None for lv in plan.assignment.values())
         return ok and (self.dispatch.mode != "redis" or self.dispatch.healthy)

@@ -99,6 +99,7 @@ class Router:
         )
         self.clock = clock
         self.plan: Plan | None = None
+        self.closing = False  # shutting down: new requests get 503
         self.up: frozenset[str] = frozenset()
         self.inflight: dict[str, _InFlight] = {}
         self.level_load: Counter[str] = Counter()
@@ -221,6 +222,14 @@ class Router:
 
     async def submit(self, spec: GenerationSpec) -> Submission:
         t0 = time.perf_counter()
+        if self.closing:
+            raise ApiError(
+                503,
+                "the service is shutting down; retry against another instance",
+                type="server_busy",
+                code="shutting_down",
+                headers={"Retry-After": str(self.config.retry_after_s)},
+            )
         plan = self.plan
         if plan is None or not any(lv is not None for lv in plan.assignment.values()):
             raise ApiError(
