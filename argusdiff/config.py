@@ -91,7 +91,14 @@ class CacheConfig(_Section):
     qdrant_url: str | None = Field(None, description="Qdrant server URL; unset = embedded QdrantClient(path=...)")
     qdrant_collection: str = Field("argusdiff_latents", pattern=r"^[A-Za-z0-9_-]{1,64}$")
     qdrant_api_key: str | None = None
-    embedding_dim: int = Field(384, ge=2, le=8192, description="prompt embedding size (MiniLM: 384)")
+    embedding_dim: int = Field(
+        384, ge=2, le=8192, description="prompt embedding size (MiniLM: 384; CLIP: SD-XL 1280, SD-1.5 768, SD-2 1024)"
+    )
+    encoder: Literal["minilm", "clip"] = Field(
+        "minilm",
+        description="prompt encoder of the index: minilm ([traces] embedding_model) or clip (the serving model's "
+        "own CLIP text encoder, as NIRVANA)",
+    )
     hnsw_m: int = Field(16, ge=2, le=128, description="HNSW graph degree M")
     hnsw_ef_construction: int = Field(200, ge=8, le=4096, description="HNSW build breadth")
     hnsw_ef_search: int = Field(64, ge=1, le=4096, description="HNSW search breadth (recall vs latency)")

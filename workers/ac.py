@@ -78,12 +78,14 @@ class ApproxCacheExecutor(ModelExecutor):
         embed: Embedder | None = None,
         capture_ks: Sequence[int] | None = None,
         store: bool = True,
+        encoder: str = "minilm",
     ) -> None:
         super().__init__(level, registry)
         if level.strategy is not Strategy.AC:
             raise ValueError(f"level {level.id!r} is not an approximate-caching level")
         self.cache = cache
         self._embed = embed
+        self.encoder = encoder  # "minilm" or "clip" (the loaded pipeline's text encoder)
         ks = set(capture_ks or ())
         if level.skip:
             ks.add(level.skip)
@@ -93,7 +95,16 @@ class ApproxCacheExecutor(ModelExecutor):
 
     def embed(self, prompts: Sequence[str]) -> np.ndarray:
         if self._embed is None:
-            self._embed = default_embedder()
+            if self.encoder == "clip":
+                from workers.prompt_encoder import ClipPromptEncoder, check_dim
+
+                clip = ClipPromptEncoder.from_pipeline(self.loaded.pipe)
+                dim = getattr(getattr(self.cache, "index", None), "dim", None)
+                if dim is not None:
+                    check_dim(clip.dim, int(dim), f"the CLIP text encoder of {self.model!r}")
+                self._embed = clip
+            else:
+                self._embed = default_embedder()
         out = np.asarray(self._embed(list(prompts)), dtype=np.float32)
         return out.reshape(len(prompts), -1)
 

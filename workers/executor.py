@@ -215,6 +215,7 @@ def build_executor(
     capture_ks: Sequence[int] | None = None,
     inline_heavy: bool = False,
     refine_strength: float | None = None,
+    encoder: str = "minilm",
 ) -> LevelExecutor:
     """The executor for ``level`` (torch and diffusers are imported here, not at module import).
 
@@ -231,7 +232,7 @@ def build_executor(
     if level.strategy is Strategy.AC:
         from workers.ac import ApproxCacheExecutor
 
-        return ApproxCacheExecutor(level, registry, cache=cache, embed=embed, capture_ks=capture_ks)
+        return ApproxCacheExecutor(level, registry, cache=cache, embed=embed, capture_ks=capture_ks, encoder=encoder)
     if level.strategy is Strategy.CASCADE and cascade is not None and level.id == cascade.light and judge is not None:
         from workers.cascade import CascadeExecutor
 
@@ -261,6 +262,7 @@ def executor_factory(
     embed: Callable[[Sequence[str]], Any] | None = None,
     inline_heavy: bool = False,
     refine_strength: float | None = None,
+    encoder: str = "minilm",
 ) -> Callable[[str], LevelExecutor]:
     """``factory(level_id) -> LevelExecutor`` for a profile, as :class:`workers.loop.Worker` needs.
 
@@ -289,6 +291,7 @@ def executor_factory(
             capture_ks=capture,
             inline_heavy=inline_heavy,
             refine_strength=refine_strength,
+            encoder=encoder,
         )
 
     return factory

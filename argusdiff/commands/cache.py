@@ -198,7 +198,7 @@ def run_warm(args: argparse.Namespace) -> int:
         raise ConfigError(f"--profile: {profile.name!r} has no AC level of model {level.model!r} with K > 0 to serve")
     registry = ModelRegistry.from_config(settings.workers)
     with LatentCache.from_config(settings.cache) as cache:
-        executor = ApproxCacheExecutor(level, registry, cache=cache, capture_ks=ks)
+        executor = ApproxCacheExecutor(level, registry, cache=cache, capture_ks=ks, encoder=settings.cache.encoder)
         executor.embed([prompts[0]])  # fail fast (before any generation) when no prompt encoder loads
         ok = failed = 0
         t0 = time.perf_counter()

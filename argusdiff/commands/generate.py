@@ -120,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
         threshold=args.threshold,
         inline_heavy=True,
         refine_strength=args.heavy_from_light,
+        encoder=settings.cache.encoder,
     )
     executor = factory(level.id)
     item = WorkItem(request_id="cli", prompt=args.prompt, level=level.id, seed=args.seed)

@@ -233,7 +233,16 @@ class Service:
                 self.policy.name,
             )
             return None
-        return CacheSimilarity(cache, model=model, max_batch=self.settings.classifier.max_batch)
+        embed = None
+        if c.encoder == "clip":  # the serving model's text encoder, as the AC workers embed
+            from workers.prompt_encoder import ClipPromptEncoder, check_dim
+            from workers.registry import ModelRegistry
+
+            registry = ModelRegistry.from_config(self.settings.workers)
+            spec = registry.spec(model)
+            embed = ClipPromptEncoder.from_pretrained(registry.local_path(spec), family=spec.family)
+            check_dim(embed.dim, c.embedding_dim, f"the CLIP text encoder of {model!r}")
+        return CacheSimilarity(cache, model=model, embed=embed, max_batch=self.settings.classifier.max_batch)
 
     def _probe_latent_cache(self) -> None:
         """A background probe (ARGUS §4.6): an index lookup of a random unit vector, then a fetch of

@@ -110,5 +110,7 @@ class ExecutorFactory:
             # every AC level (K = 0 included) stores the latents of each K the profile's levels skip,
             # so full runs fill the cache the faster levels resume from (NIRVANA)
             skips = sorted({lv.skip for lv in self.levels.values() if lv.strategy is Strategy.AC and lv.skip > 0})
-            return ApproxCacheExecutor(level, self.registry, cache=self.cache, capture_ks=skips)
+            return ApproxCacheExecutor(
+                level, self.registry, cache=self.cache, capture_ks=skips, encoder=self.settings.cache.encoder
+            )
         return build_executor(level, self.registry)
