@@ -117,6 +117,24 @@ def main() -> int:
             res.summaries[f"{label} (SM)"] = summary
             res.minutes[f"{label} (SM)"] = sm_res.minutes[label]
             res.results[f"{label} (SM)"] = sm_res.results[label]
+        # argus+ on the merged AC+SM ladder (argusdiff.policies.mixed; optimal levels from the quality
+        # tables without the stand-in's confusion, as the replay output says)
+        mx_spec = ReplaySpec(
+            trace=trace,
+            gpus=8,
+            quality=args.quality,
+            faults=faults,
+            classifier=args.classifier,
+            seed=0,
+            policies=["argus+"],
+            mixed=True,
+        )
+        mx_res = run_replay(mx_spec)
+        for label, summary in mx_res.summaries.items():
+            if label.endswith("(AC+SM)"):
+                res.summaries[label] = summary
+                res.minutes[label] = mx_res.minutes[label]
+                res.results[label] = mx_res.results[label]
         # the allocation plans capacity = predicted demand (Eq. 1); the same policies with 20% headroom
         hr_spec = ReplaySpec(
             trace=trace,
