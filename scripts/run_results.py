@@ -42,6 +42,19 @@ def md_table(result) -> str:
     return "\n".join(lines)
 
 
+def merge_runs(res, spec: dict, rename) -> None:
+    """Replay ``spec`` and add its rows to ``res`` under ``rename(label)`` (None: leave it out)."""
+    from argusdiff.replay import ReplaySpec, run_replay
+
+    more = run_replay(ReplaySpec(**spec))
+    for label, summary in more.summaries.items():
+        new = rename(label)
+        if new is not None:
+            res.summaries[new] = summary
+            res.minutes[new] = more.minutes[label]
+            res.results[new] = more.results[label]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "docs" / "results.md"))
@@ -100,57 +113,25 @@ def main() -> int:
         )
         t0 = time.perf_counter()
         res = run_replay(spec)
+        common = {"trace": trace, "gpus": 8, "quality": args.quality, "faults": faults,
+                  "classifier": args.classifier, "seed": 0}  # fmt: skip
+
         # ARGUS, argus+ and PAC on the smaller-model ladder too (the AC profile caps 8 workers at
         # ~218 QPM; the SM ladder reaches ~800 QPM with Tiny-SD)
-        sm_spec = ReplaySpec(
-            trace=trace,
-            gpus=8,
-            quality=args.quality,
-            faults=faults,
-            classifier=args.classifier,
-            seed=0,
-            profile="sm-a100",
-            policies=["argus", "argus+", "pac"],
+        merge_runs(
+            res, {**common, "profile": "sm-a100", "policies": ["argus", "argus+", "pac"]}, lambda lb: f"{lb} (SM)"
         )
-        sm_res = run_replay(sm_spec)
-        for label, summary in sm_res.summaries.items():
-            res.summaries[f"{label} (SM)"] = summary
-            res.minutes[f"{label} (SM)"] = sm_res.minutes[label]
-            res.results[f"{label} (SM)"] = sm_res.results[label]
         # argus+ on the merged AC+SM ladder (argusdiff.policies.mixed; optimal levels from the quality
         # tables without the stand-in's confusion, as the replay output says)
-        mx_spec = ReplaySpec(
-            trace=trace,
-            gpus=8,
-            quality=args.quality,
-            faults=faults,
-            classifier=args.classifier,
-            seed=0,
-            policies=["argus+"],
-            mixed=True,
+        merge_runs(
+            res, {**common, "policies": ["argus+"], "mixed": True}, lambda lb: lb if lb.endswith("(AC+SM)") else None
         )
-        mx_res = run_replay(mx_spec)
-        for label, summary in mx_res.summaries.items():
-            if label.endswith("(AC+SM)"):
-                res.summaries[label] = summary
-                res.minutes[label] = mx_res.minutes[label]
-                res.results[label] = mx_res.results[label]
         # the allocation plans capacity = predicted demand (Eq. 1); the same policies with 20% headroom
-        hr_spec = ReplaySpec(
-            trace=trace,
-            gpus=8,
-            quality=args.quality,
-            faults=faults,
-            classifier=args.classifier,
-            seed=0,
-            policies=["argus", "pac", "proteus"],
-            policy_options={"margin": 1.2},
+        merge_runs(
+            res,
+            {**common, "policies": ["argus", "pac", "proteus"], "policy_options": {"margin": 1.2}},
+            lambda lb: f"{lb} margin 1.2",
         )
-        hr_res = run_replay(hr_spec)
-        for label, summary in hr_res.summaries.items():
-            res.summaries[f"{label} margin 1.2"] = summary
-            res.minutes[f"{label} margin 1.2"] = hr_res.minutes[label]
-            res.results[f"{label} margin 1.2"] = hr_res.results[label]
         wall = time.perf_counter() - t0
         if args.keep:
             write_outputs(res, Path(args.keep) / key)

@@ -98,6 +98,31 @@ def service_settings(profile: str = "sm-a100", **service: object):
     return Settings.model_validate({"profile": profile, "service": base, "solver": {"backend": "highs"}})
 
 
+def demo_model_settings(models_dir: str, cache_path, *, policy: str = "nirvana", workers: int = 1, **cache: object):
+    """Settings for a service on the real tiny demo-cpu pipelines with a latent cache at ``cache_path``."""
+    from argusdiff.config import Settings
+
+    base = service_settings(
+        "demo-cpu", policy=policy, stand_in_scale=None, workers=workers, request_timeout_s=120
+    ).model_dump()
+    base["workers"].update(models_dir=models_dir, device="cpu", torch_threads=1, poll_s=0.05)
+    base["cache"].update(path=str(cache_path), **cache)
+    return Settings.model_validate(base)
+
+
+def assert_repeat_prompt_resumes(server, prompt: str = "a lighthouse on a cliff in a storm, oil painting") -> str:
+    """NIRVANA on demo-cpu: a prompt's first request misses (K = 0, latents stored); the same prompt
+    again is routed by its similarity to K = 4 and resumes from the cache. Returns the endpoint URL."""
+    import httpx
+
+    url = f"{server.url}/v1/argusdiff/generations"
+    first = httpx.post(url, json={"prompt": prompt, "seed": 1}, timeout=120).json()["data"][0]
+    assert first["level"] == "xl-k0" and not first["cache_hit"]
+    again = httpx.post(url, json={"prompt": prompt, "seed": 2}, timeout=120).json()["data"][0]
+    assert again["level"] == "xl-k4" and again["cache_hit"]
+    return url
+
+
 class LiveServer:
     """A :class:`~argusdiff.service.app.Service` behind uvicorn on a free port, in a thread."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fixtures_service import service_settings
+from fixtures_service import assert_repeat_prompt_resumes, demo_model_settings, service_settings
 
 pytest.importorskip("diffusers")
 
@@ -48,22 +48,9 @@ def test_a_wrong_embedding_dim_is_a_clear_error_at_service_start(demo_models_dir
 
 @pytest.mark.slow
 def test_nirvana_live_with_clip_embeddings(demo_models_dir, tmp_path, live_service):
-    import httpx
 
-    from argusdiff.config import Settings
-
-    base = service_settings(
-        "demo-cpu", policy="nirvana", stand_in_scale=None, workers=1, request_timeout_s=120
-    ).model_dump()
-    base["workers"].update(models_dir=demo_models_dir, device="cpu", torch_threads=1, poll_s=0.05)
-    base["cache"].update(path=str(tmp_path / "cache"), encoder="clip", embedding_dim=32)
-    server = live_service(Settings.model_validate(base))
-    url = f"{server.url}/v1/argusdiff/generations"
-    prompt = "a lighthouse on a cliff in a storm, oil painting"
-    first = httpx.post(url, json={"prompt": prompt, "seed": 1}, timeout=120).json()["data"][0]
-    assert first["level"] == "xl-k0" and not first["cache_hit"]
-    again = httpx.post(url, json={"prompt": prompt, "seed": 2}, timeout=120).json()["data"][0]
-    assert again["level"] == "xl-k4" and again["cache_hit"]
+    server = live_service(demo_model_settings(demo_models_dir, tmp_path / "cache", encoder="clip", embedding_dim=32))
+    assert_repeat_prompt_resumes(server)
     executors = server.service.workers[0].worker._executors
     assert sum(ex.stats["embedded"] for ex in executors.values()) == 0  # the router's CLIP vectors
     assert server.service.cache.index.dim == 32

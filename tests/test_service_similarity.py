@@ -7,7 +7,7 @@ import asyncio
 
 import numpy as np
 import pytest
-from fixtures_service import service_settings
+from fixtures_service import assert_repeat_prompt_resumes, demo_model_settings, service_settings
 
 from argusdiff.batching import MicroBatcher
 
@@ -90,21 +90,9 @@ def test_nirvana_live_resumes_a_repeated_prompt_from_the_cache(demo_models_dir, 
     worker resumes from the cached latent."""
     import httpx
 
-    from argusdiff.config import Settings
-
-    base = service_settings(
-        "demo-cpu", policy="nirvana", stand_in_scale=None, workers=1, request_timeout_s=120
-    ).model_dump()
-    base["workers"].update(models_dir=demo_models_dir, device="cpu", torch_threads=1, poll_s=0.05)
-    base["cache"].update(path=str(tmp_path / "cache"))
-    server = live_service(Settings.model_validate(base))
+    server = live_service(demo_model_settings(demo_models_dir, tmp_path / "cache"))
     assert server.service.router.similarity is not None
-    url = f"{server.url}/v1/argusdiff/generations"
-    prompt = "a lighthouse on a cliff in a storm, oil painting"
-    first = httpx.post(url, json={"prompt": prompt, "seed": 1}, timeout=120).json()["data"][0]
-    assert first["level"] == "xl-k0" and not first["cache_hit"]
-    again = httpx.post(url, json={"prompt": prompt, "seed": 2}, timeout=120).json()["data"][0]
-    assert again["level"] == "xl-k4" and again["cache_hit"]
+    url = assert_repeat_prompt_resumes(server)
     fresh = httpx.post(url, json={"prompt": "a bowl of ramen, studio photo", "seed": 3}, timeout=120).json()
     assert fresh["data"][0]["level"] == "xl-k0"  # dissimilar: a miss, routed at K = 0
     metrics = httpx.get(f"{server.url}/metrics").text

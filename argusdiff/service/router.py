@@ -32,6 +32,8 @@ __all__ = ["Router", "Submission"]
 
 log = logging.getLogger("argusdiff.router")
 
+_QUEUE_DOWN = "the work queue is unavailable; the request was not accepted, retry shortly"
+
 
 @dataclass(frozen=True, slots=True)
 class Submission:
@@ -168,6 +170,12 @@ class Router:
             slo_s=slo_s,
         )
 
+    def _busy(self, message: str, code: str) -> ApiError:
+        """A 503 the client should retry (with ``Retry-After``); nothing was accepted."""
+        return ApiError(
+            503, message, type="server_busy", code=code, headers={"Retry-After": str(self.config.retry_after_s)}
+        )
+
     def _at_least(self, level_id: str, plan: Plan, minimum: str | None) -> str:
         """``level_id``, or the fastest planned level at least as good as ``minimum``."""
         if minimum is None:
@@ -223,30 +231,12 @@ class Router:
     async def submit(self, spec: GenerationSpec) -> Submission:
         t0 = time.perf_counter()
         if self.closing:
-            raise ApiError(
-                503,
-                "the service is shutting down; retry against another instance",
-                type="server_busy",
-                code="shutting_down",
-                headers={"Retry-After": str(self.config.retry_after_s)},
-            )
+            raise self._busy("the service is shutting down; retry against another instance", "shutting_down")
         plan = self.plan
         if plan is None or not any(lv is not None for lv in plan.assignment.values()):
-            raise ApiError(
-                503,
-                "the service is starting: no plan with a worker yet; retry shortly",
-                type="server_busy",
-                code="not_ready",
-                headers={"Retry-After": str(self.config.retry_after_s)},
-            )
+            raise self._busy("the service is starting: no plan with a worker yet; retry shortly", "not_ready")
         if self.dispatch.mode == "redis" and not self.dispatch.healthy:
-            raise ApiError(
-                503,
-                "the work queue is unavailable; the request was not accepted, retry shortly",
-                type="server_busy",
-                code="queue_unavailable",
-                headers={"Retry-After": str(self.config.retry_after_s)},
-            )
+            raise self._busy(_QUEUE_DOWN, "queue_unavailable")
         now = self.clock()
         slo = self.slo_for(spec)
         gid = f"gen-{uuid.uuid4().hex[:24]}"
@@ -321,13 +311,7 @@ class Router:
                 self.level_load[lv] -= 1
             self.dispatch.forget(sub.request_ids)
             self.metrics.queue_errors.inc()
-            raise ApiError(
-                503,
-                "the work queue is unavailable; the request was not accepted, retry shortly",
-                type="server_busy",
-                code="queue_unavailable",
-                headers={"Retry-After": str(self.config.retry_after_s)},
-            ) from exc
+            raise self._busy(_QUEUE_DOWN, "queue_unavailable") from exc
         for it in items:
             self.inflight[it.request_id] = _InFlight(it.level, now, now + slo)
         self.arrivals += spec.n
