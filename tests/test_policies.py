@@ -20,15 +20,6 @@ FAMILY_SM = ("proteus", "sommelier", "clipper-ha", "clipper-ht")
 FAMILY_CASCADE = ("diffserve", "diffserve-static")
 
 
-@pytest.fixture(scope="module")
-def profiles():
-    return {
-        "ac": load_profile("sdxl-ac-a100"),
-        "sm": load_profile("sm-a100"),
-        "cascade": load_profile("cascade-sdxlltn-sdxl"),
-    }
-
-
 def family(name):
     return "ac" if name in FAMILY_AC else "sm" if name in FAMILY_SM else "cascade"
 

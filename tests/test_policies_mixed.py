@@ -11,20 +11,9 @@ from argusdiff.domain import ClusterStats, Plan, Request, Strategy
 from argusdiff.errors import ConfigError
 from argusdiff.policies import RouteView, make_policy
 from argusdiff.policies.mixed import is_mixed, merged_ladder, miss_fallback
-from argusdiff.profile import load_profile
 from argusdiff.simulator import SimConfig, quick_workload, simulate, summarize
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-
-@pytest.fixture(scope="module")
-def ac():
-    return load_profile("sdxl-ac-a100")
-
-
-@pytest.fixture(scope="module")
-def sm():
-    return load_profile("sm-a100")
 
 
 @pytest.fixture(scope="module")

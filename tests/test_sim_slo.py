@@ -23,16 +23,6 @@ SLO = 12.6
 
 
 @pytest.fixture(scope="module")
-def ac():
-    return load_profile("sdxl-ac-a100")
-
-
-@pytest.fixture(scope="module")
-def sm():
-    return load_profile("sm-a100")
-
-
-@pytest.fixture(scope="module")
 def base_wl(ac, sm):
     # 120 QPM on 8 workers of the AC ladder: queues build, so SLOs decide outcomes
     return quick_workload("poisson:qpm=150,duration=8m", [ac, sm], n_prompts=300)

@@ -10,27 +10,11 @@ import numpy as np
 import pytest
 
 from argusdiff.policies import make_policy
-from argusdiff.profile import load_profile
 from argusdiff.simulator import SimConfig, minute_metrics, parse_faults, quick_workload, simulate, summarize
 from argusdiff.simulator.engine import DROPPED, SERVED
 from argusdiff.simulator.faults import Fault
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-
-@pytest.fixture(scope="module")
-def ac():
-    return load_profile("sdxl-ac-a100")
-
-
-@pytest.fixture(scope="module")
-def sm():
-    return load_profile("sm-a100")
-
-
-@pytest.fixture(scope="module")
-def cascade():
-    return load_profile("cascade-sdxlltn-sdxl")
 
 
 def _unit_embeddings(n: int, seed: int = 0) -> np.ndarray:

@@ -24,11 +24,6 @@ from traces.synthetic import (
 
 
 @pytest.fixture(scope="module")
-def ac():
-    return load_profile("sdxl-ac-a100")
-
-
-@pytest.fixture(scope="module")
 def ac_table(ac):
     return synthetic_quality_table(builtin_prompts(), ac, seed=0)
 
