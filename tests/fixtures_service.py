@@ -22,6 +22,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def stop_process(proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    """SIGTERM a child process, SIGKILL it if it has not exited within ``timeout``; close its stderr."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    if proc.stderr is not None:
+        proc.stderr.close()
+
+
 class RedisServer:
     """A ``redis-server`` child process on a fixed port, restartable (data kept with AOF)."""
 

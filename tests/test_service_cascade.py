@@ -12,7 +12,7 @@ import sys
 
 import httpx
 import pytest
-from fixtures_service import free_port
+from fixtures_service import free_port, stop_process
 
 from argusdiff.service.worker import wait_until
 
@@ -160,10 +160,4 @@ def test_plan_threshold_reaches_cascade_worker_process_through_redis(
         assert r.status_code == 200, r.text
         assert r.json()["data"][0]["level"] == LIGHT  # threshold 0: the light image is accepted
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        proc.stderr.close()
+        stop_process(proc)

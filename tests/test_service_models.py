@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fixtures_service import free_port, service_settings
+from fixtures_service import free_port, service_settings, stop_process
 
 from argusdiff.service.worker import wait_until
 
@@ -90,13 +90,7 @@ def test_serve_without_arguments_answers_the_openai_client(demo_models_dir, tmp_
         metrics = httpx.get(f"{url}/metrics").text
         assert 'outcome="ok"' in metrics
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        proc.stderr.close()
+        stop_process(proc)
     assert proc.returncode in (0, -15)
 
 
