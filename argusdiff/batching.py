@@ -56,10 +56,6 @@ class MicroBatcher(Generic[T, R]):
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     def submit(self, item: T) -> Future:
         fut: Future = Future()
         with self._lock:

@@ -291,6 +291,18 @@ class Plan:
     def workers_at(self, level_id: str) -> tuple[str, ...]:
         return tuple(w for w, lv in self.assignment.items() if lv == level_id)
 
+    def unserved_siblings(self, levels: Mapping[str, ApproxLevel], level_id: str | None) -> tuple[str, ...]:
+        """This plan's levels that no worker holds but a worker at ``level_id`` serves as well: AC
+        levels of its model and N (:meth:`ApproxLevel.shares_worker_with`; ``levels`` maps ids to
+        levels)."""
+        mine = levels.get(level_id) if level_id is not None else None
+        if mine is None:
+            return ()
+        served = set(self.assignment.values())
+        return tuple(
+            lv for lv in self.levels if lv not in served and lv in levels and mine.shares_worker_with(levels[lv])
+        )
+
     def counts(self) -> tuple[int, ...]:
         """Workers per level, in ``levels`` order."""
         return tuple(sum(1 for lv in self.assignment.values() if lv == level) for level in self.levels)

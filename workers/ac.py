@@ -99,36 +99,28 @@ class ApproxCacheExecutor(ModelExecutor):
                 from workers.prompt_encoder import ClipPromptEncoder, check_dim
 
                 clip = ClipPromptEncoder.from_pipeline(self.loaded.pipe)
-                dim = getattr(getattr(self.cache, "index", None), "dim", None)
-                if dim is not None:
-                    check_dim(clip.dim, int(dim), f"the CLIP text encoder of {self.model!r}")
+                if self._index_dim is not None:
+                    check_dim(clip.dim, self._index_dim, f"the CLIP text encoder of {self.model!r}")
                 self._embed = clip
             else:
                 self._embed = default_embedder()
         out = np.asarray(self._embed(list(prompts)), dtype=np.float32)
         return out.reshape(len(prompts), -1)
 
-    def _embeddings(self, items: Sequence[WorkItem]) -> np.ndarray:
-        """The items' prompt embeddings: the router's (``meta["embedding"]``, when it looked the
-        prompt up in the cache already and the size matches) or this executor's encoder."""
+    @property
+    def _index_dim(self) -> int | None:
         dim = getattr(getattr(self.cache, "index", None), "dim", None)
-        given = [decode_embedding(i.meta.get(EMBEDDING_META_KEY), dim) for i in items]
-        missing = [j for j, v in enumerate(given) if v is None]
-        if not missing:
+        return None if dim is None else int(dim)
+
+    def _embeddings(self, items: Sequence[WorkItem]) -> np.ndarray:
+        """The items' prompt embeddings: the router's (``meta["embedding"]``, when it looked every
+        prompt of the batch up in the cache already, at the index's size), else this executor's
+        encoder for the whole batch."""
+        given = [decode_embedding(i.meta.get(EMBEDDING_META_KEY), self._index_dim) for i in items]
+        if all(v is not None for v in given):
             return np.stack(given)  # type: ignore[arg-type]
-        fresh = self.embed([items[j].prompt for j in missing])
-        self.stats["embedded"] += len(missing)
-        if len(missing) == len(items):
-            return fresh
-        out = np.empty((len(items), fresh.shape[1]), dtype=np.float32)
-        for row, j in enumerate(missing):
-            out[j] = fresh[row]
-        for j, v in enumerate(given):
-            if v is not None:
-                if v.size != fresh.shape[1]:
-                    return self.embed([i.prompt for i in items])  # sizes disagree: one encoder for all
-                out[j] = v
-        return out
+        self.stats["embedded"] += len(items)
+        return self.embed([i.prompt for i in items])
 
     def _scheduler_name(self) -> str:
         return check_resumable(self.loaded)

@@ -112,15 +112,7 @@ class Worker:
         level = plan.assignment.get(self.worker_id)
         batch = plan.batch_sizes.get(level) if level is not None else None
         thresholds = getattr(plan, "thresholds", None) or {}
-        siblings: tuple[str, ...] = ()
-        mine = self.levels.get(level) if level is not None else None
-        if mine is not None:
-            served = {lv for lv in plan.assignment.values() if lv is not None}
-            siblings = tuple(
-                lv
-                for lv in plan.levels
-                if lv not in served and lv in self.levels and mine.shares_worker_with(self.levels[lv])
-            )
+        siblings = plan.unserved_siblings(self.levels, level)
         with self._lock:
             self._thresholds = dict(thresholds)
             self._siblings = siblings

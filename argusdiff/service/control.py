@@ -194,8 +194,10 @@ class ControlLoop:
         if not served:
             return
         order = list(self.level_ids)
+        # AC levels a served level's workers take from as well (workers.loop)
+        covered = {lv for s in served for lv in plan.unserved_siblings(self.levels, s)}
         for lv, depth in level_queue.items():
-            if depth <= 0 or lv in served or self._sibling_served(lv, served):
+            if depth <= 0 or lv in served or lv in covered:
                 continue
             i = order.index(lv)
             # nearest served level, faster first (keeps deadlines), else the next better one
@@ -208,11 +210,6 @@ class ControlLoop:
             if n:
                 self.migrated += n
                 log.info("moved %d queued items from unserved level %s to %s", n, lv, target)
-
-    def _sibling_served(self, level_id: str, served: list[str]) -> bool:
-        """Whether a worker of a served AC level of the same model takes this level's work."""
-        lv = self.levels.get(level_id)
-        return lv is not None and any(s in self.levels and self.levels[s].shares_worker_with(lv) for s in served)
 
     def _observe(self, plan: Plan) -> None:
         m = self.metrics

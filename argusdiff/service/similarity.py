@@ -17,7 +17,6 @@ running the encoder a second time.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -27,8 +26,6 @@ from argusdiff.batching import MicroBatcher
 from argusdiff.domain import Profile, Strategy
 
 __all__ = ["CacheSimilarity", "ac_model"]
-
-log = logging.getLogger("argusdiff.router")
 
 
 def ac_model(profile: Profile) -> str | None:
@@ -55,7 +52,6 @@ class CacheSimilarity:
         self.cache = cache
         self.model = model
         self._embed = embed
-        self.lookups = 0
         self._batcher: MicroBatcher[str, tuple[float | None, np.ndarray]] = MicroBatcher(
             self._batch,
             max_batch=max_batch,
@@ -77,12 +73,7 @@ class CacheSimilarity:
         for vec in vectors:
             nb = self.cache.nearest(vec, model=self.model)
             out.append((None if nb is None else float(nb.similarity), vec))
-        self.lookups += len(prompts)
         return out
-
-    def submit(self, prompt: str):
-        """A ``concurrent.futures.Future`` of :meth:`lookup`'s answer (for threads)."""
-        return self._batcher.submit(prompt)
 
     async def lookup(self, prompt: str) -> tuple[float | None, np.ndarray]:
         return await asyncio.wrap_future(self._batcher.submit(prompt))
