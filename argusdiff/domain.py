@@ -186,6 +186,14 @@ class Profile:
     def level(self, level_id: str) -> ApproxLevel:
         return self.levels[self.index(level_id)]
 
+    def ac_base(self, level_id: str) -> ApproxLevel:
+        """The level an approximate-caching level runs as on a cache miss: the AC level of the same
+        model with the smallest K (K = 0 where the profile has it). Other levels: themselves."""
+        lv = self.level(level_id)
+        if lv.strategy is not Strategy.AC:
+            return lv
+        return min((x for x in self.levels if x.model == lv.model and x.strategy is Strategy.AC), key=lambda x: x.skip)
+
     @property
     def best(self) -> ApproxLevel:
         return self.levels[0]

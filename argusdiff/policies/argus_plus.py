@@ -92,12 +92,7 @@ class ArgusPlus(Argus):
             self._cache_flags = tuple(needs_cache(prof.level(lv)) for lv in plan.levels)
             self._mixed = is_mixed(prof)
             self._k0 = {
-                lv: min(
-                    (x for x in prof.levels if x.model == prof.level(lv).model and x.strategy is Strategy.AC),
-                    key=lambda x: x.skip,
-                ).latency(1)
-                for lv, f in zip(plan.levels, self._cache_flags, strict=True)
-                if f
+                lv: prof.ac_base(lv).latency(1) for lv, f in zip(plan.levels, self._cache_flags, strict=True) if f
             }
             self._cache_key = key
         return self._cache_flags

@@ -187,12 +187,11 @@ class Simulator:
         self.cat_index = {lv: i for i, lv in enumerate(self.catalog)}
         # an AC level that misses the cache runs at K = 0 on its model (the profile's best level of
         # that model; mixed ladders hold small models too, so not simply levels[0])
-        self.ac_base = {}
-        for lv in self.levels.values():
-            if lv.strategy is Strategy.AC:
-                prof = self.level_profile[lv.id]
-                base = [x for x in prof.levels if x.model == lv.model and x.strategy is Strategy.AC]
-                self.ac_base[lv.id] = min(base, key=lambda x: x.skip).id if base else prof.levels[0].id
+        self.ac_base = {
+            lv.id: self.level_profile[lv.id].ac_base(lv.id).id
+            for lv in self.levels.values()
+            if lv.strategy is Strategy.AC
+        }
         self.cascade = bool(getattr(policy, "cascade", False))
         if self.cascade:
             spec = policy.profile.cascade
