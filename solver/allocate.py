@@ -529,15 +529,27 @@ def allocate(
     )
 
 
+def _best_level(data: LevelData) -> int:
+    """The best-quality level (the faster among ties)."""
+    return max(range(len(data)), key=lambda v: (data.quality[v], data.peak[v]))
+
+
+def _fastest_level(data: LevelData) -> int:
+    """The highest-throughput level (the better among ties)."""
+    return max(range(len(data)), key=lambda v: (data.peak[v], data.quality[v]))
+
+
+def _needed(data: LevelData, v: int, count: int, load: float) -> int:
+    """Workers of level ``v`` (of the ``count`` it has) its ``load`` needs."""
+    return min(count, math.ceil(load / data.peak[v] - 1e-9)) if load > EPS else 0
+
+
 def _canonical(data: LevelData, counts: Sequence[int], W: int, D: float) -> list[int]:
     """Among the plans a MILP may return with the same loads, the one the exact search returns:
     workers a level does not need for its greedy load (and unassigned ones) go to the best-quality
     level. The value never drops (the same loads stay feasible, the best level gains capacity)."""
     loads, _ = greedy_loads(data, counts, D)
-    out = [
-        min(c, math.ceil(ld / data.peak[v] - 1e-9)) if ld > EPS else 0
-        for v, (c, ld) in enumerate(zip(counts, loads, strict=True))
-    ]
+    out = [_needed(data, v, c, ld) for v, (c, ld) in enumerate(zip(counts, loads, strict=True))]
     return _fill(data, out, W)
 
 
@@ -553,16 +565,12 @@ def _reclaim_idle(
     (the same loads stay feasible); workers that keep running what they ran stay, as switch-cost
     awareness wants."""
     loads, _ = greedy_loads(data, counts, D)
-    if spare == "fastest":
-        target = max(range(len(data)), key=lambda v: (data.peak[v], data.quality[v]))
-    else:
-        target = max(range(len(data)), key=lambda v: (data.quality[v], data.peak[v]))
+    target = _fastest_level(data) if spare == "fastest" else _best_level(data)
     out = list(counts)
     for v, (c, ld) in enumerate(zip(counts, loads, strict=True)):
         if v == target:
             continue
-        need = min(c, math.ceil(ld / data.peak[v] - 1e-9)) if ld > EPS else 0
-        surplus = c - need
+        surplus = c - _needed(data, v, c, ld)
         if data.model[v] != data.model[target]:
             surplus = min(surplus, max(0, c - cur_counts[v]))
         out[target] += surplus
@@ -575,8 +583,7 @@ def _fill(data: LevelData, counts: Sequence[int], W: int) -> list[int]:
     out = list(counts)
     spare = W - sum(out)
     if spare > 0:
-        best = max(range(len(data)), key=lambda v: (data.quality[v], data.peak[v]))
-        out[best] += spare
+        out[_best_level(data)] += spare
     return out
 
 
@@ -588,9 +595,8 @@ EXACT_NODE_LIMIT = 2_000_000
 def _throughput_counts(data: LevelData, W: int) -> list[int]:
     """Every worker at the fastest level (best quality among ties): feasible whenever the demand
     is within the maximum capacity, which :func:`allocate` checks before solving."""
-    fastest = max(range(len(data)), key=lambda v: (data.peak[v], data.quality[v]))
     counts = [0] * len(data)
-    counts[fastest] = W
+    counts[_fastest_level(data)] = W
     return counts
 
 
