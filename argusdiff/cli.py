@@ -7,6 +7,10 @@ diffusers, timm or open_clip. Each command module provides ``add_arguments(parse
 
 Exit codes: 0 success, 1 failure while running, 2 bad usage or bad input (the message names the
 option, file or field).
+
+Help text: every option says what it does, and its default once. :class:`HelpFormatter` appends
+``(default: X)`` to an option whose help does not already state its default; a help that says
+where the default comes from (``default: settings``) keeps its own words.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("plan", "solve one allocation (ILP) and PASM for a profile, cluster size and load"),
     "serve": ("serve", "run the REST endpoint, router and control loop (embedded workers by default)"),
     "worker": ("worker", "run one worker that takes work from Redis Streams"),
+    "status": ("status", "show the routers, the leader, the workers and the plan of a deployment"),
     "generate": ("generate", "generate one image locally at a given level"),
     "cache": ("cache", "inspect, fill or clear the latent cache"),
     "trace": ("trace", "list, show, generate or convert arrival traces"),
@@ -35,8 +40,35 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train-classifier": ("train_classifier", "train the prompt -> level classifier from a quality table"),
     "train-discriminator": ("train_discriminator", "train the cascade discriminator; reports ROC-AUC and f(t)"),
     "profiles": ("profiles", "list the shipped deployment profiles"),
-    "profile": ("profiles", "show one profile's levels (argusdiff profile show NAME)"),
+    "profile": ("profiles", "show a profile (profile show NAME), or measure one on this machine (profile measure)"),
 }
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Appends ``(default: X)`` to an option's help unless the help already speaks of its default,
+    or the default is nothing worth showing (``None``, ``False``, suppressed)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            "default" in text.lower()
+            or default is None
+            or default is False
+            or default is argparse.SUPPRESS
+            or not action.option_strings
+            or action.nargs == 0
+        ):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose sub-parsers (and theirs) all use :class:`HelpFormatter`."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
 
 
 def _module(name: str):
@@ -45,7 +77,7 @@ def _module(name: str):
 
 def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
     """The top-level parser; only the ``selected`` subcommand's module is imported."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="argusdiff",
         description=(
             "Quality-aware router for text-to-image serving: routes each prompt to the cheapest "
@@ -73,6 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run = getattr(args, "run", None)
     if run is None:  # a command whose module did not register a runner
         parser.error(f"{args.command}: missing subcommand")
+    args.argv = tuple(args_list)  # the command line as given (e.g. recorded in what a command writes)
     try:
         return int(run(args) or 0)
     except BrokenPipeError:  # e.g. `argusdiff ... | head`: not an error of ours

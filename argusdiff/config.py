@@ -41,17 +41,31 @@ class SolverConfig(_Section):
     switch_tolerance: float = Field(
         0.005, ge=0, le=1, description="relative quality a plan may give up to move fewer workers"
     )
-    overprovision: float = Field(1.05, ge=1.0, description="DiffServe over-provisioning factor on demand")
+    overprovision: float = Field(
+        1.05,
+        ge=1.0,
+        description="over-provisioning `argusdiff plan` applies to a cascade (policies: the [predictor] margin)",
+    )
 
 
 class PredictorConfig(_Section):
     """Demand and affinity predictors (``[predictor]``)."""
 
-    ewma_alpha: float = Field(0.5, gt=0, le=1, description="weight of the newest period in the demand EWMA")
-    affinity_window: int = Field(1000, ge=1, description="classified prompts in the affinity histogram H")
-    demand_window: int | None = Field(
-        None, ge=1, description="periods the demand EWMA looks back over (None: unbounded recursion)"
+    demand: str = Field(
+        "peak",
+        description="demand predictor every policy plans for: a reading (peak, quantile, ewma, argus-paper, "
+        "diffserve-artifact, proteus-artifact, sommelier-artifact) or kind:key=value,... "
+        "(keys bin, window, alpha, q, margin, skip_idle)",
     )
+    affinity_window: int = Field(1000, ge=1, description="classified prompts in the affinity histogram H")
+
+    @field_validator("demand")
+    @classmethod
+    def _valid_demand(cls, value: str) -> str:
+        from argusdiff.predictors import predictor_spec
+
+        predictor_spec(value)
+        return value
 
 
 # --- One section per subsystem. Each subsystem edits only its own class below. -----------------
@@ -116,6 +130,14 @@ class CacheConfig(_Section):
     timeout_s: float | None = Field(
         1.0, gt=0, description="index/store call timeout; exceeding it raises CacheUnavailable (router: AC -> SM)"
     )
+    replication: Literal["auto", "off"] = Field(
+        "auto",
+        description="auto: with [service] redis_url and index = hnsw, every process keeps its HNSW index fed by "
+        "a Redis stream of inserts and evictions (snapshot + stream for late joiners); off: per-process index",
+    )
+    replication_snapshot_every: int = Field(
+        10_000, ge=10, description="cache log entries after which a process writes a snapshot and trims the log"
+    )
 
     @field_validator("thresholds")
     @classmethod
@@ -174,6 +196,10 @@ class ClassifierConfig(_Section):
     threads: int | None = Field(None, ge=1, description="torch threads while classifying (None: process default)")
     discriminator: str | None = Field(None, description="saved discriminator directory (cascades)")
     discriminator_variant: str = Field("tf_efficientnetv2_b0", description="timm model name")
+    discriminator_pretrained: str | None = Field(
+        None,
+        description="local ImageNet weights of the variant (file or folder) training starts from; None: random",
+    )
     discriminator_image_size: int = Field(224, ge=16, description="discriminator input size (px)")
     scorer_metric: Literal["pickscore", "clipscore"] = "pickscore"
     scorer_model: str = Field("ViT-H-14", description="open_clip architecture name or model-config JSON path")
@@ -182,6 +208,13 @@ class ClassifierConfig(_Section):
     drift_history: int = Field(5, ge=1, description="earlier windows in the moving average")
     drift_tolerance: float = Field(0.02, ge=0, description="relative drop of the window median that flags drift")
     drift_min_samples: int = Field(500, ge=2, description="labelled samples needed before a retrain")
+    drift_sample: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="share of served images the live drift loop scores (0: off; needs a trained classifier)",
+    )
+    drift_save_dir: str | None = Field(None, description="where a retrained classifier is saved (None: not saved)")
 
 
 class ReplayConfig(_Section):
@@ -241,7 +274,38 @@ class ServiceConfig(_Section):
         "(new requests get 503 meanwhile)",
     )
     result_ttl_s: float = Field(3600.0, gt=0, description="how long results and `url` images stay retrievable")
-    retry_after_s: int = Field(2, ge=1, description="Retry-After seconds sent with 429/503")
+    result_memory_mb: float = Field(
+        256.0, gt=0, description="router memory for finished results and their images; the oldest are evicted beyond it"
+    )
+    body_timeout_s: float = Field(30.0, gt=0, description="longest a client may take to send its request body (408)")
+    image_store: Literal["auto", "local", "s3"] = Field(
+        "auto",
+        description="where `url` and not-yet-collected images go: a local folder or S3 (presigned URLs); "
+        "auto: S3 when [cache] store = 's3', else local",
+    )
+    image_path: str = Field("~/.cache/argusdiff/images", description="folder of the local image store")
+    image_s3_prefix: str = Field(
+        "images/",
+        pattern=r"^[A-Za-z0-9_/-][A-Za-z0-9._/-]{0,199}$",
+        description="key prefix of images in the [cache] S3 bucket",
+    )
+    image_s3_public_url: str | None = Field(
+        None,
+        description="address clients reach the S3 image store at, for presigned `url`s; unset: presigned on AWS "
+        "(no [cache] s3_endpoint_url), else `url`s point at the router, which reads the image from S3",
+    )
+    model_aliases: tuple[str, ...] = Field(
+        ("dall-e-2", "dall-e-3", "gpt-image-1", "gpt-image-1-mini"),
+        description="other `model` names that mean this deployment (the defaults of OpenAI SDKs and tools)",
+    )
+    map_sizes: bool = Field(
+        True,
+        description="an OpenAI size that is not served maps to the served size of the same orientation "
+        "(e.g. 1024x1024 -> 768x768); false: 400 listing the served sizes",
+    )
+    retry_after_s: int = Field(
+        2, ge=1, description="Retry-After seconds sent with 503 and a policy's own 429 (admission computes its own)"
+    )
     tier_slo_factors: dict[str, float] = Field(
         default_factory=lambda: {"interactive": 0.5, "standard": 1.0, "batch": 10.0},
         description="SLO multiplier of each tier on the profile's SLO",
@@ -257,11 +321,56 @@ class ServiceConfig(_Section):
     fallback_profile: str | None = Field(
         None, description="SM profile an AC deployment switches to when the cache degrades (ARGUS §4.6)"
     )
-    public_url: str | None = Field(None, description="base URL in `url` responses; None: the request's own host")
+    public_url: str | None = Field(
+        None, description="base URL of `url` responses (behind a proxy); None: the address the server is bound to"
+    )
     stand_in_scale: float | None = Field(
         None, gt=0, description="TEST MODE: stand-in workers sleep the profiled latency x this scale, no models"
     )
+    stand_in_image: Literal["tiny", "full"] = Field(
+        "tiny",
+        description="TEST MODE: stand-in images are 8x8 solid PNGs (tiny) or PNGs of the requested size with "
+        "a real image's byte size (full: memory soaks)",
+    )
     seed: int = Field(0, ge=0, description="seed of the router's random generator (PASM sampling)")
+    router_id: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9_.-]{1,100}$", description="this router's id in Redis; None: host-pid-random"
+    )
+    leader_lease_s: float | None = Field(
+        None, gt=0, description="Redis mode: leader lease; a dead leader is replaced within it (None: 0.75 x period)"
+    )
+
+
+class AdmissionSection(_Section):
+    """Admission after the policy, in the service and the replay (``[admission]``): refuse a request
+    that cannot finish by its deadline given the backlog at its level (TetriServe's "definitely
+    late" test), with a per-level queue cap behind it (docs/operations.md)."""
+
+    enabled: bool = Field(True, description="refuse definitely-late requests (429 overloaded with Retry-After)")
+    queue_cap: int = Field(
+        64, ge=0, description="most requests queued or in service per worker of a level; beyond it 429 (0: no cap)"
+    )
+    deadline_factor: float = Field(
+        0.8,
+        gt=0,
+        le=100,
+        description="definitely late: estimated finish after arrival + this x the request's SLO (below 1: headroom "
+        "for what the estimate leaves out, e.g. model loads after a plan change)",
+    )
+    max_retry_after_s: int = Field(60, ge=1, description="largest Retry-After (seconds) a refusal carries")
+    replay: bool = Field(True, description="`argusdiff replay` applies admission to every policy (--no-admission: off)")
+
+    def mechanism(self, *, time_scale: float = 1.0):
+        """The :class:`argusdiff.admission.AdmissionConfig` of this section."""
+        from argusdiff.admission import AdmissionConfig
+
+        return AdmissionConfig(
+            enabled=self.enabled,
+            queue_cap=self.queue_cap,
+            deadline_factor=self.deadline_factor,
+            max_retry_after_s=float(self.max_retry_after_s),
+            time_scale=time_scale,
+        )
 
 
 class Settings(_Section):
@@ -276,6 +385,7 @@ class Settings(_Section):
     classifier: ClassifierConfig = ClassifierConfig()
     replay: ReplayConfig = ReplayConfig()
     service: ServiceConfig = ServiceConfig()
+    admission: AdmissionSection = AdmissionSection()
 
 
 def _parse_env_value(raw: str) -> Any:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 __all__ = [
     "ApproxLevel",
@@ -66,6 +66,8 @@ class ApproxLevel:
     load_time_s: float
     peak_qpm_override: float | None = None
     description: str = ""
+    memory_gb: float | None = None  # GPU memory the level's model holds while loaded
+    estimated: tuple[str, ...] = ()  # fields whose value is an estimate, not from the profile's sources
 
     @property
     def batch_sizes(self) -> tuple[int, ...]:
@@ -105,11 +107,6 @@ class ApproxLevel:
             return self.peak_qpm_override
         return self.throughput_qpm(1)
 
-    @property
-    def remaining_steps(self) -> int:
-        """Denoising steps actually run (N - K)."""
-        return self.steps - self.skip
-
     def shares_worker_with(self, other: ApproxLevel) -> bool:
         """Whether a worker loaded for this level can serve ``other`` without a model switch:
         both approximate-caching levels of the same model and N (they differ only in the K a
@@ -138,6 +135,9 @@ class CascadeSpec:
     deferral: tuple[float, ...]
     # Optional quality of the served mix at each threshold (relative to the heavy level).
     quality: tuple[float, ...] | None = None
+    # whether a deferral resumes the heavy model from the light image's latent (pipelines that share
+    # a latent space, workers/cascade.py); the planner still charges the heavy level's full latency
+    resume: bool = False
 
     def f(self, t: float) -> float:
         """Deferral fraction f(t), linearly interpolated on the profiled grid."""
@@ -168,10 +168,32 @@ class Profile:
     cascade: CascadeSpec | None = None
     source: str = ""  # file the profile was loaded from
     slo_s: float | None = None  # the deployment's default SLO; None: 3 × the slowest level
+    gpu_memory_gb: float | None = None  # memory of one worker's GPU; None: not modelled
+    sources: Mapping[str, str] = field(default_factory=dict)  # field -> where its values come from
+    # a deployment profile's light→heavy pairs (``[[cascades]]``), next to its AC and SM levels;
+    # ``cascade`` is the one pair of a cascade-only profile (``[cascade]``)
+    cascades: tuple[CascadeSpec, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.levels:
             raise ValueError(f"profile {self.name!r} has no levels")
+
+    @property
+    def cascade_specs(self) -> tuple[CascadeSpec, ...]:
+        """Every light→heavy pair of the profile: its ``[[cascades]]``, or its one ``[cascade]``."""
+        if self.cascades:
+            return self.cascades
+        return (self.cascade,) if self.cascade is not None else ()
+
+    def cascade_for(self, light: str) -> CascadeSpec | None:
+        """The pair whose light level is ``light`` (None: ``light`` starts no cascade)."""
+        return next((c for c in self.cascade_specs if c.light == light), None)
+
+    @property
+    def unified(self) -> bool:
+        """Whether the profile lists several kinds of path for one plan: ``[[cascades]]`` next to
+        other levels, or AC levels next to smaller models."""
+        return bool(self.cascades) or {Strategy.AC, Strategy.SM} <= self.strategies
 
     @property
     def ids(self) -> tuple[str, ...]:
@@ -211,6 +233,20 @@ class Profile:
         if self.slo_s is not None:
             return self.slo_s
         return factor * max(level.latency(1) for level in self.levels)
+
+    def time_scaled(self, s: float) -> Profile:
+        """This profile with every time × ``s`` (latencies, load times, the SLO) and every throughput
+        ÷ ``s``: the profile of stand-in workers that run ``s`` times as fast (benchmarks)."""
+        levels = tuple(
+            replace(
+                lv,
+                latency_s={b: t * s for b, t in lv.latency_s.items()},
+                load_time_s=lv.load_time_s * s,
+                peak_qpm_override=None if lv.peak_qpm_override is None else lv.peak_qpm_override / s,
+            )
+            for lv in self.levels
+        )
+        return replace(self, levels=levels, slo_s=self.default_slo_s() * s)
 
     def qualities(self) -> tuple[float, ...]:
         return tuple(level.quality for level in self.levels)
@@ -264,6 +300,17 @@ class ClusterStats:
     cache_error_rate: float = 0.0  # recent share of failed cache lookups
     level_queue: Mapping[str, int] = field(default_factory=dict)  # per level queued requests
     level_arrivals: Mapping[str, int] = field(default_factory=dict)  # per level arrivals last period
+    # arrivals of the last period in consecutive sub-periods of ``bin_s`` seconds, oldest first
+    # (empty: only the total is known); the demand predictor reads rates within the period from them
+    arrival_bins: tuple[int, ...] = ()
+    bin_s: float = 0.0
+    resident: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # worker id -> models loaded, ready
+    tier_arrivals: Mapping[str, int] = field(default_factory=dict)  # arrivals of the last period per SLO tier
+    cache_hit_rate: float | None = None  # share of the last period's cache lookups that hit (None: unknown)
+    # "period": a control period closed (its arrivals count, predictors observe them); anything else
+    # is a re-plan between periods whose arrivals were already counted: "loaded" (a model finished
+    # loading, ARGUS §4.6), "replan" (a worker joined or died)
+    reason: str = "period"
 
     @property
     def arrival_qpm(self) -> float:
@@ -295,6 +342,25 @@ class Plan:
     margin: float = 1.0  # extra capacity factor in force (e.g. 1.5 during an AC→SM switch)
     policy: str = ""
     notes: tuple[str, ...] = ()
+    # worker id -> level ids whose models the worker loads alongside the one it serves (GPU memory
+    # permitting) and keeps loaded: a later move to such a level costs no load (DiffServe keeps its
+    # light and heavy models on every worker; ARGUS §4.6 loads the small models next to SD-XL)
+    preload: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # unified plans (argus+ over every path of a deployment profile): the PASM of each SLO tier
+    # (tier name -> rows and columns over ``levels``; a tier not listed routes with ``pasm``), and
+    # each cascade's heavy level (light level id -> heavy level id) that its deferrals go to at
+    # the threshold in ``thresholds``
+    tier_pasm: Mapping[str, tuple[tuple[float, ...], ...]] = field(default_factory=dict)
+    cascades: Mapping[str, str] = field(default_factory=dict)
+    # worker id -> the SLO tier whose requests alone it serves (capacity reserved for interactive
+    # traffic ahead of standard and batch); a worker not listed serves every tier
+    reserved: Mapping[str, str] = field(default_factory=dict)
+
+    def pasm_for(self, tier: str | None) -> tuple[tuple[float, ...], ...]:
+        """The PASM a request of ``tier`` is routed with."""
+        if tier is not None and self.tier_pasm:
+            return self.tier_pasm.get(str(tier), self.pasm)
+        return self.pasm
 
     def workers_at(self, level_id: str) -> tuple[str, ...]:
         return tuple(w for w, lv in self.assignment.items() if lv == level_id)
@@ -323,3 +389,12 @@ class Plan:
             total = math.fsum(row)
             if any(p < -1e-9 for p in row) or abs(total - 1.0) > 1e-6:
                 raise ValueError(f"PASM row {self.levels[i]!r} is not a probability distribution: {row}")
+        for tier, rows in self.tier_pasm.items():
+            if len(rows) != n or any(len(row) != n for row in rows):
+                raise ValueError(f"tier {tier!r}: PASM shape does not match the plan's levels")
+            for i, row in enumerate(rows):
+                if any(p < -1e-9 for p in row) or abs(math.fsum(row) - 1.0) > 1e-6:
+                    raise ValueError(f"tier {tier!r}: PASM row {self.levels[i]!r} is not a probability distribution")
+        for light, heavy in self.cascades.items():
+            if light not in self.levels or heavy not in self.levels:
+                raise ValueError(f"cascade {light!r} -> {heavy!r}: both levels must be plan levels")

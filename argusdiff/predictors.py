@@ -1,7 +1,22 @@
-"""Predictors for the control path: demand (EWMA of per-period arrival rates, as DiffServe) and
-the affinity histogram H over the last classified prompts (ARGUS §4.2).
+"""Predictors for the control path: the demand predictor W_t every policy plans for, and the
+affinity histogram H over the last classified prompts (ARGUS §4.2).
 
 Both are plain, deterministic objects (no clock, no I/O) shared by the simulator and the service.
+
+**Demand.** One component, :class:`DemandPredictor`, configured by a :class:`PredictorSpec`, is
+what every policy sizes capacity with, so a comparison can give every policy the same reading and
+the same margin. Arrivals are counted in bins of ``bin_s`` seconds (the control path passes the
+period's arrivals, split into sub-period bins when it has them); the prediction is one of
+
+* ``ewma`` — an exponentially weighted moving average of the bin rates (the mean reading; with a
+  window of ``window_s``, weights renormalised over the window as pandas' ``ewm(adjust=True)``);
+* ``peak`` — the highest bin rate within the last ``window_s`` seconds (the recent peak);
+* ``quantile`` — the ``q`` quantile of the bin rates within the last ``window_s`` seconds;
+
+times ``margin`` (the headroom, ≥ 1). :data:`PREDICTORS` names the readings used in the docs,
+including each baseline's source reading (``diffserve-artifact``, ``proteus-artifact``,
+``argus-paper``). :meth:`DemandPredictor.state` / :meth:`DemandPredictor.from_state` export and
+restore a predictor as plain JSON (e.g. to hand it to another router on failover).
 """
 
 from __future__ import annotations
@@ -9,10 +24,21 @@ from __future__ import annotations
 import math
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
 
 from argusdiff.errors import ConfigError
 
-__all__ = ["AffinityHistogram", "EwmaDemand"]
+__all__ = [
+    "DEFAULT_PREDICTOR",
+    "PREDICTORS",
+    "PREDICTOR_KINDS",
+    "AffinityHistogram",
+    "DemandPredictor",
+    "EwmaDemand",
+    "PredictorSpec",
+    "predictor_spec",
+]
 
 
 class EwmaDemand:
@@ -37,11 +63,6 @@ class EwmaDemand:
         self._history: deque[float] = deque(maxlen=window) if window else deque(maxlen=1)
         self._predicted: float | None = initial_qpm
         self.observations = 0
-
-    @classmethod
-    def from_config(cls, config) -> EwmaDemand:
-        """From a :class:`argusdiff.config.PredictorConfig`."""
-        return cls(alpha=config.ewma_alpha, window=getattr(config, "demand_window", None))
 
     @property
     def predicted(self) -> float:
@@ -74,6 +95,288 @@ class EwmaDemand:
         if not period_s > 0:
             raise ConfigError(f"period_s: must be > 0, got {period_s}")
         return self.update(arrivals * 60.0 / period_s)
+
+
+PREDICTOR_KINDS = ("ewma", "peak", "quantile")
+
+
+@dataclass(frozen=True)
+class PredictorSpec:
+    """How demand is predicted (see the module doc). Durations in seconds, rates in QPM.
+
+    ``window_s`` is the look-back of ``peak`` and ``quantile``; for ``ewma`` it bounds the average
+    to the last ``window_s / bin_s`` bins (0: the unbounded recursion). ``skip_idle`` leaves bins
+    without arrivals out of the ``ewma`` (DiffServe's controller records demand only when it is
+    positive).
+    """
+
+    kind: str = "peak"
+    bin_s: float = 10.0
+    window_s: float = 60.0
+    alpha: float = 0.5
+    q: float = 0.9
+    margin: float = 1.0
+    skip_idle: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in PREDICTOR_KINDS:
+            raise ConfigError(f"predictor: unknown kind {self.kind!r}; choose one of {', '.join(PREDICTOR_KINDS)}")
+        if not (math.isfinite(self.bin_s) and self.bin_s > 0):
+            raise ConfigError(f"predictor bin: must be > 0 s, got {self.bin_s}")
+        if not (math.isfinite(self.window_s) and self.window_s >= 0):
+            raise ConfigError(f"predictor window: must be >= 0 s, got {self.window_s}")
+        if self.kind != "ewma" and self.window_s < self.bin_s:
+            raise ConfigError(f"predictor window: must hold at least one bin ({self.bin_s:g} s), got {self.window_s:g}")
+        if not (0.0 < self.alpha <= 1.0):
+            raise ConfigError(f"predictor alpha: must be in (0, 1], got {self.alpha}")
+        if not (0.0 <= self.q <= 1.0):
+            raise ConfigError(f"predictor q: must be in [0, 1], got {self.q}")
+        if not (math.isfinite(self.margin) and self.margin >= 1.0):
+            raise ConfigError(f"predictor margin: must be >= 1, got {self.margin}")
+
+    @property
+    def window_bins(self) -> int:
+        """Bins the reading looks back over (0: unbounded, ``ewma`` only)."""
+        return max(1, round(self.window_s / self.bin_s)) if self.window_s > 0 else 0
+
+    def describe(self) -> str:
+        """One line for reports, e.g. ``peak of 10 s rates over 60 s``."""
+        if self.kind == "ewma":
+            what = f"EWMA (alpha {self.alpha:.3g}) of {self.bin_s:g} s rates"
+            if self.window_s > 0:
+                what += f" over {self.window_bins} bins"
+            if self.skip_idle:
+                what += ", idle bins skipped"
+        elif self.kind == "peak":
+            what = f"peak of {self.bin_s:g} s rates over {self.window_s:g} s"
+        else:
+            what = f"q{self.q:g} of {self.bin_s:g} s rates over {self.window_s:g} s"
+        return what + (f" x {self.margin:g}" if self.margin != 1.0 else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PredictorSpec:
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ConfigError(f"predictor: unknown field(s) {', '.join(sorted(unknown))}")
+        return cls(**dict(data))
+
+
+#: Named readings. ``peak`` is the default (docs/results.md, "Demand predictor", has the evidence).
+PREDICTORS: dict[str, PredictorSpec] = {
+    # the recent peak: the highest 10 s rate of the last minute
+    "peak": PredictorSpec(kind="peak", bin_s=10.0, window_s=60.0),
+    # an upper quantile: the 90th percentile of the 10 s rates of the last 5 minutes
+    "quantile": PredictorSpec(kind="quantile", bin_s=10.0, window_s=300.0, q=0.9),
+    # the mean: EWMA (alpha 0.5) of per-minute rates
+    "ewma": PredictorSpec(kind="ewma", bin_s=60.0, window_s=0.0, alpha=0.5),
+    # ARGUS §4.2 says only "the expected workload W_t ... using the past workload"; read as the
+    # mean reading over the paper's 1-minute solve period
+    "argus-paper": PredictorSpec(kind="ewma", bin_s=60.0, window_s=0.0, alpha=0.5),
+    # DiffServe artifact, src/controller/controller.py: demand refreshed every 1 s, pandas
+    # ewm(com=2.1) over the last 20 positive samples (EWMA_WINDOW, DEFAULT_EWMA_DECAY); the
+    # over-provisioning factor is the paper's lambda = 1.05 (§3.3; the controller code uses 1.2)
+    "diffserve-artifact": PredictorSpec(
+        kind="ewma", bin_s=1.0, window_s=20.0, alpha=1.0 / 3.1, margin=1.05, skip_idle=True
+    ),
+    # Proteus artifact, configs/*/proteus.json and core/simulator.py: 1 s demand samples, pandas
+    # ewm(com=ewma_decay = 1.6) over a 20-sample window, beta = 1.05 capacity over demand
+    "proteus-artifact": PredictorSpec(kind="ewma", bin_s=1.0, window_s=20.0, alpha=1.0 / 2.6, margin=1.05),
+    # Sommelier as the Proteus artifact configures it (configs/*/sommelier.json): the same EWMA,
+    # beta = 1.5
+    "sommelier-artifact": PredictorSpec(kind="ewma", bin_s=1.0, window_s=20.0, alpha=1.0 / 2.6, margin=1.5),
+}
+DEFAULT_PREDICTOR = "peak"
+
+_KEYS = {"bin": "bin_s", "window": "window_s", "alpha": "alpha", "q": "q", "margin": "margin", "skip_idle": "skip_idle"}
+
+
+def _seconds(key: str, text: str) -> float:
+    t = text.strip().lower()
+    scale = 1.0
+    if t.endswith("ms"):
+        t, scale = t[:-2], 0.001
+    elif t.endswith("s"):
+        t = t[:-1]
+    elif t.endswith("m"):
+        t, scale = t[:-1], 60.0
+    elif t.endswith("h"):
+        t, scale = t[:-1], 3600.0
+    try:
+        return float(t) * scale
+    except ValueError:
+        raise ConfigError(f"predictor {key}: {text!r} is not a duration (e.g. 10s, 1m)") from None
+
+
+def predictor_spec(value: PredictorSpec | str | Mapping[str, Any] | None) -> PredictorSpec:
+    """A spec from a name in :data:`PREDICTORS`, a ``kind:key=value,...`` string (keys ``bin``,
+    ``window``, ``alpha``, ``q``, ``margin``, ``skip_idle``; a named reading may stand for the
+    kind: ``peak:margin=1.2``), a mapping of :class:`PredictorSpec` fields, or None (the default)."""
+    if value is None:
+        return PREDICTORS[DEFAULT_PREDICTOR]
+    if isinstance(value, PredictorSpec):
+        return value
+    if isinstance(value, Mapping):
+        return PredictorSpec.from_dict(value)
+    if not isinstance(value, str):
+        raise ConfigError(f"predictor: expected a name or a spec string, got {value!r}")
+    head, _, rest = value.strip().partition(":")
+    head = head.strip()
+    base = PREDICTORS.get(head)  # every kind has a named reading of its own name
+    if base is None:
+        raise ConfigError(f"predictor: unknown reading {head!r}; named readings: {', '.join(PREDICTORS)}")
+    changes: dict[str, Any] = {}
+    for part in filter(None, (p.strip() for p in rest.split(","))):
+        key, eq, val = part.partition("=")
+        key = key.strip()
+        if not eq or key not in _KEYS:
+            raise ConfigError(f"predictor: bad option {part!r}; keys: {', '.join(_KEYS)}")
+        if key in ("bin", "window"):
+            changes[_KEYS[key]] = _seconds(key, val)
+        elif key == "skip_idle":
+            changes["skip_idle"] = val.strip().lower() in ("1", "true", "yes", "on")
+        else:
+            try:
+                changes[_KEYS[key]] = float(val)
+            except ValueError:
+                raise ConfigError(f"predictor {key}: {val!r} is not a number") from None
+    return replace(base, **changes) if changes else base
+
+
+class DemandPredictor:
+    """The demand W_t (QPM) a policy plans for, from the arrivals observed so far.
+
+    ``observe(arrivals, period_s, bins=, bin_s=)`` adds one control period; ``bins`` (counts of
+    consecutive sub-periods of ``bin_s`` seconds, oldest first) let a reading with bins shorter
+    than the period see the rate within it. Without them the period is one observation. Arrivals
+    of an incomplete bin wait for the rest of it. ``predicted`` is the reading times the margin;
+    ``estimate`` the reading alone.
+    """
+
+    def __init__(self, spec: PredictorSpec | str | Mapping[str, Any] | None = None) -> None:
+        self.spec = predictor_spec(spec)
+        s = self.spec
+        keep = s.window_bins if s.window_bins else 1
+        self._bins: deque[float] = deque(maxlen=keep)  # completed bin rates (QPM), oldest first
+        self._ewma = EwmaDemand(alpha=s.alpha, window=s.window_bins or None) if s.kind == "ewma" else None
+        self._pending = [0.0, 0.0]  # arrivals and seconds of the incomplete bin
+        self.observations = 0
+
+    # -- observing ---------------------------------------------------------------------------
+
+    def _close(self, count: float, seconds: float) -> None:
+        rate = count * 60.0 / seconds
+        if self._ewma is not None:
+            if self.spec.skip_idle and count <= 0:
+                return
+            self._ewma.update(rate)
+        self._bins.append(rate)
+
+    def _add(self, count: float, seconds: float) -> None:
+        """``count`` arrivals over ``seconds``, split into bins of ``bin_s``."""
+        b = self.spec.bin_s
+        p = self._pending
+        if seconds >= b and p[1] <= 1e-9:
+            # a whole observation of at least one bin: as many full bins as fit, evenly
+            n = int(seconds // b + 1e-9)
+            rest = seconds - n * b
+            per = count * (b / seconds)
+            for _ in range(n):
+                self._close(per, b)
+            if rest > 1e-9:
+                p[0], p[1] = count - per * n, rest
+            return
+        p[0] += count
+        p[1] += seconds
+        if p[1] >= b - 1e-9:
+            self._close(p[0], p[1])
+            p[0] = p[1] = 0.0
+
+    def observe(self, arrivals: float, period_s: float, bins: Sequence[float] = (), bin_s: float = 0.0) -> float:
+        """Add one period (``arrivals`` over ``period_s`` seconds); returns :attr:`predicted`."""
+        if not (math.isfinite(period_s) and period_s > 0):
+            raise ConfigError(f"period_s: must be > 0, got {period_s}")
+        if not (math.isfinite(arrivals) and arrivals >= 0):
+            raise ConfigError(f"arrivals: must be a finite number >= 0, got {arrivals}")
+        self.observations += 1
+        if (
+            bins
+            and bin_s > 0
+            and bin_s <= self.spec.bin_s * 1.01  # live bins are the period split evenly: ~1 s, not exactly
+            and abs(len(bins) * bin_s - period_s) < 1e-6 * period_s + 1e-9
+        ):
+            for c in bins:
+                self._add(float(c), bin_s)
+        else:
+            self._add(float(arrivals), float(period_s))
+        return self.predicted
+
+    def observe_stats(self, stats: Any) -> float:
+        """Add the period a :class:`argusdiff.domain.ClusterStats` describes."""
+        return self.observe(stats.arrivals, stats.period_s, stats.arrival_bins, stats.bin_s)
+
+    # -- reading -----------------------------------------------------------------------------
+
+    @property
+    def estimate(self) -> float:
+        """The reading (QPM) without the margin; before a full bin, the rate seen so far."""
+        s = self.spec
+        if not self._bins:
+            p = self._pending
+            return p[0] * 60.0 / p[1] if p[1] > 0 else 0.0
+        if s.kind == "ewma":
+            assert self._ewma is not None
+            return self._ewma.predicted
+        if s.kind == "peak":
+            return max(self._bins)
+        values = sorted(self._bins)
+        pos = s.q * (len(values) - 1)
+        lo = math.floor(pos)
+        hi = min(lo + 1, len(values) - 1)
+        return values[lo] + (values[hi] - values[lo]) * (pos - lo)
+
+    @property
+    def predicted(self) -> float:
+        """The demand to plan for (QPM): the reading times the margin."""
+        return self.estimate * self.spec.margin
+
+    def describe(self) -> str:
+        return self.spec.describe()
+
+    # -- state -------------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """Everything the predictor knows, as plain JSON types (:meth:`from_state` restores it)."""
+        out: dict[str, Any] = {
+            "spec": self.spec.to_dict(),
+            "bins": list(self._bins),
+            "pending": list(self._pending),
+            "observations": self.observations,
+        }
+        if self._ewma is not None:
+            e = self._ewma
+            out["ewma"] = {"predicted": e._predicted, "history": list(e._history), "observations": e.observations}
+        return out
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> DemandPredictor:
+        try:
+            p = cls(PredictorSpec.from_dict(state["spec"]))
+            p._bins.extend(float(x) for x in state.get("bins", ()))
+            pending = state.get("pending", (0.0, 0.0))
+            p._pending = [float(pending[0]), float(pending[1])]
+            p.observations = int(state.get("observations", 0))
+            ew = state.get("ewma")
+            if p._ewma is not None and ew is not None:
+                p._ewma._predicted = None if ew.get("predicted") is None else float(ew["predicted"])
+                p._ewma._history.extend(float(x) for x in ew.get("history", ()))
+                p._ewma.observations = int(ew.get("observations", 0))
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise ConfigError(f"predictor state: malformed ({exc})") from None
+        return p
 
 
 class AffinityHistogram:

@@ -11,12 +11,23 @@ Validation rules (each failure names the file, the level and the field):
 * ``steps`` ≥ 1, ``0 ≤ skip < steps``; ``skip`` > 0 only for ``ac`` levels;
 * latencies are positive and finite, batch sizes are positive integers, and a larger batch
   never takes less time than a smaller one;
-* ``quality`` is in (0, 1]; ``load_time_s`` ≥ 0;
+* ``quality`` is in (0, 1]; ``load_time_s`` ≥ 0; ``memory_gb`` (optional) > 0;
+* ``estimated`` lists the level's fields whose values are estimates rather than from the profile's
+  ``[sources]`` (a table naming, per field, the one source its values come from);
+* ``gpu_memory_gb`` (optional) > 0, and every level's model fits in it;
 * the levels are monotone: peak throughput never decreases and quality never increases from
   one level to the next (ARGUS orders v1..vn slowest/best first; ODA relies on it);
 * a ``[cascade]`` table names two existing levels, the light one faster than the heavy one, and
   an f(t) table whose thresholds increase within [0, 1] and whose deferral fractions lie in
-  [0, 1] and never decrease.
+  [0, 1] and never decrease;
+* a deployment profile lists its light→heavy pairs as ``[[cascades]]`` entries (the same fields
+  as ``[cascade]``, plus ``resume``: a deferral resumes the heavy model from the light image's
+  latent), next to AC levels and smaller models. Each names two existing levels; a level starts
+  at most one cascade; ``[cascade]`` and ``[[cascades]]`` do not mix. Such a profile, or one with
+  both AC and SM levels, is ordered by quality only (best first): its levels are paths of one
+  plan, not one ladder, so the throughput order does not apply;
+* an optional ``[measured]`` table (written by ``argusdiff profile measure``: device, driver,
+  library versions, date, per-model memory) must be a table; the planner does not read it.
 """
 
 from __future__ import annotations
@@ -31,7 +42,15 @@ from typing import Any
 from argusdiff.domain import ApproxLevel, CascadeSpec, Profile, Strategy
 from argusdiff.errors import ProfileError
 
-__all__ = ["PROFILE_DIR", "ProfileError", "list_profiles", "load_profile", "parse_profile", "resolve_profile"]
+__all__ = [
+    "PROFILE_DIR",
+    "SOURCED_FIELDS",
+    "ProfileError",
+    "list_profiles",
+    "load_profile",
+    "parse_profile",
+    "resolve_profile",
+]
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -47,9 +66,26 @@ _LEVEL_FIELDS = {
     "load_time_s",
     "peak_qpm",
     "description",
+    "memory_gb",
+    "estimated",
 }
-_TOP_FIELDS = {"name", "gpu", "description", "levels", "cascade", "slo_s"}
+#: level fields a profile may state a source for, or mark as estimated
+SOURCED_FIELDS = ("latency_s", "quality", "load_time_s", "memory_gb")
+_TOP_FIELDS = {
+    "name",
+    "gpu",
+    "description",
+    "levels",
+    "cascade",
+    "cascades",
+    "slo_s",
+    "measured",
+    "gpu_memory_gb",
+    "sources",
+}
+_SOURCE_KEYS = {*SOURCED_FIELDS, "gpu_memory_gb", "slo_s", "cascade"}
 _CASCADE_FIELDS = {"light", "heavy", "discriminator_latency_s", "thresholds", "deferral", "quality"}
+_CASCADES_FIELDS = {*_CASCADE_FIELDS, "resume", "description"}
 
 
 def list_profiles() -> list[str]:
@@ -168,6 +204,17 @@ def _parse_level(where: str, raw: Any) -> ApproxLevel:
     description = raw.get("description", "")
     if not isinstance(description, str):
         raise ProfileError(f"{where}: field 'description' must be a string")
+    memory = raw.get("memory_gb")
+    if memory is not None:
+        memory = _num(where, "memory_gb", memory)
+        if memory <= 0:
+            raise ProfileError(f"{where}: field 'memory_gb' must be positive, got {memory!r}")
+    estimated = raw.get("estimated", [])
+    if not isinstance(estimated, list) or not all(isinstance(x, str) for x in estimated):
+        raise ProfileError(f"{where}: field 'estimated' must be a list of field names")
+    bad = [x for x in estimated if x not in SOURCED_FIELDS]
+    if bad:
+        raise ProfileError(f"{where}: field 'estimated' names unknown field(s) {', '.join(bad)}")
     return ApproxLevel(
         id=level_id,
         strategy=strategy,
@@ -179,14 +226,18 @@ def _parse_level(where: str, raw: Any) -> ApproxLevel:
         load_time_s=float(load_time),
         peak_qpm_override=None if peak is None else float(peak),
         description=description,
+        memory_gb=None if memory is None else float(memory),
+        estimated=tuple(estimated),
     )
 
 
-def _parse_cascade(where: str, raw: Any, levels: dict[str, ApproxLevel]) -> CascadeSpec:
-    where = f"{where} [cascade]"
+def _parse_cascade(where: str, raw: Any, levels: dict[str, ApproxLevel], *, entry: int | None = None) -> CascadeSpec:
+    where = f"{where} [cascade]" if entry is None else f"{where} [[cascades]] #{entry}"
     if not isinstance(raw, dict):
         raise ProfileError(f"{where}: must be a table")
-    unknown = set(raw) - _CASCADE_FIELDS
+    if entry is not None and isinstance(raw.get("light"), str):
+        where = f"{where} ({raw['light']})"
+    unknown = set(raw) - (_CASCADE_FIELDS if entry is None else _CASCADES_FIELDS)
     if unknown:
         raise ProfileError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
     for required in ("light", "heavy", "discriminator_latency_s", "thresholds", "deferral"):
@@ -229,6 +280,11 @@ def _parse_cascade(where: str, raw: Any, levels: dict[str, ApproxLevel]) -> Casc
         for i, q in enumerate(qs):
             if not 0.0 < q <= 1.0:
                 raise ProfileError(f"{where}: field 'quality[{i}]' must be in (0, 1], got {q}")
+    resume = raw.get("resume", False)
+    if not isinstance(resume, bool):
+        raise ProfileError(f"{where}: field 'resume' must be true or false, got {resume!r}")
+    if not isinstance(raw.get("description", ""), str):
+        raise ProfileError(f"{where}: field 'description' must be a string")
     return CascadeSpec(
         light=light,
         heavy=heavy,
@@ -236,6 +292,7 @@ def _parse_cascade(where: str, raw: Any, levels: dict[str, ApproxLevel]) -> Casc
         thresholds=tuple(ts),
         deferral=tuple(fs),
         quality=qs,
+        resume=resume,
     )
 
 
@@ -261,9 +318,17 @@ def parse_profile(data: dict[str, Any], *, source: str = "<profile>") -> Profile
             raise ProfileError(f"{source}: level #{i + 1} ({level.id}): field 'id' duplicates an earlier level")
         seen[level.id] = level
         levels.append(level)
+    raw_cascades = data.get("cascades")
+    if raw_cascades is not None:
+        if "cascade" in data:
+            raise ProfileError(f"{source}: use either [cascade] (one pair) or [[cascades]] (a list), not both")
+        if not isinstance(raw_cascades, list) or not raw_cascades:
+            raise ProfileError(f"{source}: field 'cascades' must be a list of [[cascades]] tables")
+    strategies = {lv.strategy for lv in levels}
+    one_plan = raw_cascades is not None or {Strategy.AC, Strategy.SM} <= strategies
     for prev, cur in itertools.pairwise(levels):
         where = f"{source}: level {cur.id!r}"
-        if cur.peak_qpm < prev.peak_qpm - 1e-9:
+        if not one_plan and cur.peak_qpm < prev.peak_qpm - 1e-9:
             raise ProfileError(
                 f"{where}: field 'latency_s' breaks monotonicity: levels are ordered slowest first, but "
                 f"{cur.id!r} ({cur.peak_qpm:.3g} QPM) is slower than {prev.id!r} ({prev.peak_qpm:.3g} QPM)"
@@ -279,9 +344,40 @@ def parse_profile(data: dict[str, Any], *, source: str = "<profile>") -> Profile
         if slo <= 0:
             raise ProfileError(f"{source}: field 'slo_s' must be positive, got {slo!r}")
     cascade = _parse_cascade(source, data["cascade"], seen) if "cascade" in data else None
+    cascades: list[CascadeSpec] = []
+    for i, raw in enumerate(raw_cascades or []):
+        spec = _parse_cascade(source, raw, seen, entry=i + 1)
+        if any(c.light == spec.light for c in cascades):
+            raise ProfileError(
+                f"{source}: [[cascades]] #{i + 1}: field 'light' ({spec.light!r}) already starts an earlier cascade"
+            )
+        cascades.append(spec)
+    if not isinstance(data.get("measured", {}), dict):
+        raise ProfileError(f"{source}: field 'measured' must be a table ([measured])")
     description = data.get("description", "")
     if not isinstance(description, str):
         raise ProfileError(f"{source}: field 'description' must be a string")
+    gpu_memory = data.get("gpu_memory_gb")
+    if gpu_memory is not None:
+        gpu_memory = _num(source, "gpu_memory_gb", gpu_memory)
+        if gpu_memory <= 0:
+            raise ProfileError(f"{source}: field 'gpu_memory_gb' must be positive, got {gpu_memory!r}")
+        for lv in levels:
+            if lv.memory_gb is not None and lv.memory_gb > gpu_memory:
+                raise ProfileError(
+                    f"{source}: level {lv.id!r}: field 'memory_gb' ({lv.memory_gb:g}) "
+                    f"exceeds gpu_memory_gb ({gpu_memory:g})"
+                )
+    sources = data.get("sources", {})
+    if not isinstance(sources, dict):
+        raise ProfileError(f"{source}: [sources] must be a table of field = source")
+    for key, value in sources.items():
+        if key not in _SOURCE_KEYS:
+            raise ProfileError(
+                f"{source}: [sources] names unknown field {key!r} (known: {', '.join(sorted(_SOURCE_KEYS))})"
+            )
+        if not isinstance(value, str) or not value.strip():
+            raise ProfileError(f"{source}: [sources] field {key!r} must be one non-empty string")
     return Profile(
         name=name,
         gpu=gpu,
@@ -290,4 +386,7 @@ def parse_profile(data: dict[str, Any], *, source: str = "<profile>") -> Profile
         cascade=cascade,
         source=source,
         slo_s=None if slo is None else float(slo),
+        gpu_memory_gb=None if gpu_memory is None else float(gpu_memory),
+        sources=dict(sources),
+        cascades=tuple(cascades),
     )

@@ -9,7 +9,24 @@ nirvana) on the approximate-caching profile (argus/argus+ switch to the smaller-
 the cache degrades), the model-ladder baselines (proteus, sommelier, clipper-ha, clipper-ht) on the
 smaller-model profile, and the cascades (diffserve, diffserve-static) on the cascade profile. All
 three profiles share SD-XL 50 steps as their best level (``cascade-sdxlltn-sdxl``'s heavy model),
-so "relative quality" (vs each prompt's best level) is comparable across them.
+so "relative quality" (vs each prompt's best level) is comparable across them. With
+``cascade_baselines`` the model-ladder baselines run on the cascade profile's two models instead
+(DiffServe §4.1's comparison: Clipper-Light/-Heavy, Proteus).
+
+``argus+ (unified)`` is argus+ on the deployment profile that lists every path (``unified_profile``,
+``unified-a100``: the AC ladder, the smaller models and the cascades in one plan, per SLO tier);
+it runs by default. Its quality table is composed per strategy (:mod:`traces.synthetic`); a level it
+shares with another profile takes that profile's scores, so every policy sees the same quality of
+the same level. With ``ablation`` it also runs without cascades, AC, SM or tiers
+(:data:`UNIFIED_ABLATIONS`). :func:`domination` is the check that no policy has both fewer or equal
+violations and higher or equal relative quality than it, one of the two strictly.
+
+Every policy plans with the same demand predictor (``predictor``; ``"source"`` gives each policy
+its paper's or artifact's reading instead, :data:`SOURCE_PREDICTORS`). ``diffserve-static`` is
+provisioned for an anticipated peak given in advance (``static_peak_qpm``, by default the trace's
+highest 1-minute rate). ``load_fraction`` replays the trace time-stretched so that its peak
+1-minute rate is that fraction of the most the primary profile's cluster can serve
+(:func:`cluster_capacity_qpm`).
 """
 
 from __future__ import annotations
@@ -22,17 +39,23 @@ from typing import Any
 
 import numpy as np
 
-from argusdiff.domain import Profile, Strategy
+from argusdiff.domain import CascadeSpec, Profile, Strategy
 from argusdiff.errors import ConfigError
 
 __all__ = [
     "DEFAULT_POLICIES",
     "DEFAULT_TRACE",
     "FAMILY",
+    "SOURCE_PREDICTORS",
+    "UNIFIED_ABLATIONS",
+    "UNIFIED_LABEL",
     "ReplayResult",
     "ReplaySpec",
+    "cluster_capacity_qpm",
+    "domination",
     "prepare",
     "run_replay",
+    "scale_to_peak",
 ]
 
 DEFAULT_TRACE = "bursty:low=40,high=160,period=5m,duration=30m"
@@ -60,6 +83,19 @@ FAMILY = {
     "diffserve": "cascade",
     "diffserve-static": "cascade",
 }
+#: each policy's demand predictor as its paper or artifact runs it (``predictor="source"``);
+#: docs/baselines.md gives the sources. Static policies predict nothing.
+SOURCE_PREDICTORS = {
+    "argus": "argus-paper",
+    "argus+": "argus-paper",
+    "pac": "argus-paper",
+    "nirvana": "argus-paper",
+    "proteus": "proteus-artifact",
+    "sommelier": "sommelier-artifact",
+    "diffserve": "diffserve-artifact",
+}
+#: the model-ladder baselines DiffServe §4.1 runs on the cascade's two models
+CASCADE_BASELINES = ("proteus", "clipper-ha", "clipper-ht")
 
 
 @dataclass
@@ -89,6 +125,27 @@ class ReplaySpec:
     ablation: bool = False  # add argus+ variants with one part switched off
     mixed: bool = False  # add argus+ on the merged AC+SM ladder (argusdiff.policies.mixed)
     policy_options: dict[str, Any] = field(default_factory=dict)
+    # the demand predictor of every policy (argusdiff.predictors.predictor_spec); None: the default
+    # reading; "source": each policy's own (SOURCE_PREDICTORS)
+    predictor: str | None = None
+    static_peak_qpm: float | None = None  # diffserve-static's anticipated peak; None: the trace's 1-min peak
+    load_fraction: float | None = None  # stretch the trace to this share of the primary cluster's capacity
+    cascade_baselines: bool = False  # proteus / clipper-ha / clipper-ht on the cascade profile
+    max_resident_models: int = 2  # models a simulated worker keeps loaded (the live default)
+    # admission after every policy (argusdiff.admission), as the service applies it: True (the
+    # [admission] defaults), False (off: a policy alone, e.g. to reproduce a paper) or a config
+    admission: Any = True
+    unified: bool = True  # add argus+ on the deployment profile that lists every path
+    unified_profile: str = "unified-a100"
+    # ARGUS §4.1 drift retraining over the served-quality stream of policies that use the
+    # classifier (argusdiff.simulator.drift.DriftSettings); None: not modelled
+    drift: Any = field(default_factory=lambda: _drift_settings())
+
+
+def _drift_settings() -> Any:
+    from argusdiff.simulator.drift import DriftSettings
+
+    return DriftSettings()
 
 
 @dataclass
@@ -109,6 +166,14 @@ ABLATIONS = {
     "argus+ -backlog": {"backlog": False},
     "argus+ -switch": {"switch_aware": False},
 }
+UNIFIED_LABEL = "argus+ (unified)"
+#: argus+ on the unified profile with one kind of path (or the tiers) taken away
+UNIFIED_ABLATIONS = {
+    "argus+ (unified) -cascades": {"paths": ("ac", "sm")},
+    "argus+ (unified) -AC": {"paths": ("sm", "cascade")},
+    "argus+ (unified) -SM": {"paths": ("ac", "cascade")},
+    "argus+ (unified) -tiers": {"tiers": False},
+}
 
 
 def _load_profiles(spec: ReplaySpec) -> dict[str, Profile]:
@@ -123,7 +188,13 @@ def _load_profiles(spec: ReplaySpec) -> dict[str, Profile]:
         raise ConfigError(f"--sm-profile: {sm.name!r} is not a smaller-model (sm) profile")
     if cascade.cascade is None:
         raise ConfigError(f"--cascade-profile: {cascade.name!r} has no [cascade] table")
-    return {"ac": primary, "sm": sm, "cascade": cascade}
+    out = {"ac": primary, "sm": sm, "cascade": cascade}
+    if spec.unified:
+        unified = load_profile(spec.unified_profile)
+        if not unified.cascades:
+            raise ConfigError(f"--unified-profile: {unified.name!r} lists no [[cascades]]")
+        out = {"unified": unified, **out}  # first: a level it shares with another profile takes that one's scores
+    return out
 
 
 def _prompt_set(spec: ReplaySpec):
@@ -134,10 +205,11 @@ def _prompt_set(spec: ReplaySpec):
     return load_prompts(spec.prompts)
 
 
-def _cascade_confidence(table, profile: Profile, rng_seed: int) -> np.ndarray:
-    """Synthetic discriminator confidences consistent with the profile's f(t): a prompt whose
-    light image is relatively worse gets a lower confidence, and P(confidence < t) = f(t)."""
-    c = profile.cascade
+def _cascade_confidence(table, profile: Profile, rng_seed: int, spec: CascadeSpec | None = None) -> np.ndarray:
+    """Synthetic discriminator confidences consistent with a pair's f(t) (``spec``, default the
+    profile's ``[cascade]``): a prompt whose light image is relatively worse gets a lower
+    confidence, and P(confidence < t) = f(t)."""
+    c = spec if spec is not None else profile.cascade
     light = table.level_index(c.light)
     heavy = table.level_index(c.heavy)
     rel = table.scores[:, light] / np.maximum(table.scores[:, heavy], 1e-9)
@@ -227,6 +299,20 @@ def prepare(spec: ReplaySpec, *, log: Callable[[str], None] | None = None):
     else:
         confidence = _cascade_confidence(ctable, cascade, spec.seed)
         confidence_source = "derived from the quality table (rank of light/heavy quality mapped through f(t))"
+    confidences: dict[str, np.ndarray] = {}
+    if "unified" in profiles:
+        unified = profiles["unified"]
+        for pair in unified.cascade_specs:
+            if pair.light == cascade.cascade.light:
+                confidences[pair.light] = confidence  # the same light model: the same discriminator verdicts
+            elif spec.quality == "diffserve":
+                from traces.diffserve import routing_confidence
+
+                confidences[pair.light] = routing_confidence(
+                    np.arange(len(prompts)), pair=_pair_name(pair.light), source="dist"
+                )
+            else:
+                confidences[pair.light] = _cascade_confidence(tables[unified.name][1], unified, spec.seed, pair)
     # classifier
     classifiers: dict[str, Any] = {}
     if spec.classifier:
@@ -260,6 +346,18 @@ def prepare(spec: ReplaySpec, *, log: Callable[[str], None] | None = None):
     trace = load_trace(spec.trace, seed=spec.seed, format=spec.trace_format, n_prompts=len(prompts))
     if len(trace) == 0:
         raise ConfigError(f"--trace: {spec.trace!r} has no requests")
+    scaling = ""
+    if spec.load_fraction is not None:
+        if not 0.0 < spec.load_fraction <= 10.0:
+            raise ConfigError(f"--load-fraction: must be in (0, 10], got {spec.load_fraction}")
+        primary = profiles["ac"]
+        cap = cluster_capacity_qpm(primary, spec.gpus)
+        trace = scale_to_peak(trace, spec.load_fraction * cap)
+        scaling = (
+            f"time-stretched to a peak 1-minute rate of {trace.peak_qpm:.0f} QPM = {spec.load_fraction:.0%} of the "
+            f"{spec.gpus}-worker {primary.name} cluster's maximum {cap:.0f} QPM (every worker at {primary.fastest.id})"
+        )
+        say(scaling)
     prompt_idx = trace.prompt_idx if trace.prompt_idx is not None else np.arange(len(trace)) % len(prompts)
     embeddings = None
     similarity_source = "exact repeats only"
@@ -283,6 +381,7 @@ def prepare(spec: ReplaySpec, *, log: Callable[[str], None] | None = None):
         classifiers=classifiers,
         embeddings=embeddings,
         confidence=confidence,
+        confidences=confidences,
         classifier_desc=clf_desc,
         quality_source="; ".join(f"{k}: {v}" for k, v in quality_note.items()),
         similarity_source=similarity_source,
@@ -299,6 +398,7 @@ def prepare(spec: ReplaySpec, *, log: Callable[[str], None] | None = None):
         "duration_min": float(trace.duration_s) / 60.0,
         "mean_qpm": float(trace.mean_qpm),
         "peak_qpm": float(trace.peak_qpm),
+        "load_scaling": scaling,
         "prompts": f"{prompts.name} ({len(prompts)} prompts{', generated' if prompts.generated else ''})",
         "quality": quality_note,
         "quality_synthetic": any(t.synthetic for _p, t in tables.values()),
@@ -317,12 +417,50 @@ def prepare(spec: ReplaySpec, *, log: Callable[[str], None] | None = None):
     return wl, profiles, trace, provenance
 
 
+def cluster_capacity_qpm(profile: Profile, gpus: int, slo_s: float | None = None) -> float:
+    """The most ``gpus`` workers serve (QPM) at the profile's fastest level: every worker at its
+    peak throughput P_th (batch 1, as ARGUS serves); for a cascade, every worker on the light model
+    at the best batch size whose latency is within ``slo_s`` (the profile's SLO by default)."""
+    if profile.cascade is not None:
+        light = profile.level(profile.cascade.light)
+        slo = slo_s if slo_s is not None else profile.default_slo_s()
+        ok = [b for b in light.batch_sizes if light.latency(b) <= slo] or [1]
+        return gpus * max(light.throughput_qpm(b) for b in ok)
+    return gpus * max(lv.peak_qpm for lv in profile.levels)
+
+
+def scale_to_peak(trace, peak_qpm: float):
+    """``trace`` time-stretched (the same arrival pattern, shape-preserving) so that its highest
+    1-minute rate is at most ``peak_qpm``, and as close below it as the minute bins allow (they
+    shift with the stretch, so the factor is refined a few times)."""
+    if not (math.isfinite(peak_qpm) and peak_qpm > 0):
+        raise ConfigError(f"peak: must be a positive number of QPM, got {peak_qpm}")
+    if trace.peak_qpm <= 0:
+        raise ConfigError(f"trace {trace.name!r} is empty: cannot scale it")
+    factor = peak_qpm / trace.peak_qpm
+    best = None
+    for _ in range(24):
+        out = trace.rescale(factor=factor)
+        peak = out.peak_qpm
+        if peak <= peak_qpm * (1 + 1e-9) and (best is None or peak > best.peak_qpm):
+            best = out
+        if peak_qpm * 0.995 <= peak <= peak_qpm * (1 + 1e-9):
+            break
+        factor *= peak_qpm / peak * (0.999 if peak > peak_qpm else 1.0)
+    return best if best is not None else trace.rescale(factor=factor * 0.9)
+
+
 def _cascade_pair(profile: Profile) -> str:
-    light = profile.cascade.light.lower()
+    return _pair_name(profile.cascade.light)
+
+
+def _pair_name(light_id: str) -> str:
+    """The DiffServe artifact's name of the pair whose light level is ``light_id``."""
+    light = light_id.lower()
     for key, pair in (("turbo", "sdturbo"), ("sdxs", "sdxs"), ("light", "sdxlltn"), ("ltn", "sdxlltn")):
         if key in light:
             return pair
-    raise ConfigError(f"--quality diffserve: no DiffServe confidences for the light model {profile.cascade.light!r}")
+    raise ConfigError(f"--quality diffserve: no DiffServe confidences for the light model {light_id!r}")
 
 
 def run_replay(
@@ -352,10 +490,19 @@ def run_replay(
 
     tier_slo = dict(DEFAULT_TIER_SLO if spec.tier_slo is None else spec.tier_slo)
     provenance["tier_slo"] = tier_slo
+    admission = _admission(spec.admission)
+    provenance["admission"] = admission.describe()
     runs: list[tuple[str, str, dict[str, Any]]] = [(n, n, {}) for n in spec.policies]
     if spec.ablation:
         runs += [(label, "argus+", opts) for label, opts in ABLATIONS.items()]
     override: dict[str, Profile] = {}
+    if spec.unified and "argus+" in spec.policies:
+        runs.append((UNIFIED_LABEL, "argus+", {}))
+        override[UNIFIED_LABEL] = profiles["unified"]
+        if spec.ablation:
+            for label, opts in UNIFIED_ABLATIONS.items():
+                runs.append((label, "argus+", opts))
+                override[label] = profiles["unified"]
     if spec.mixed:
         from argusdiff.policies.mixed import merged_ladder
 
@@ -363,17 +510,45 @@ def run_replay(
             raise ConfigError(f"--mixed: --profile must be an approximate-caching profile, got {profiles['ac'].name!r}")
         runs.append((MIXED_LABEL, "argus+", {}))
         override[MIXED_LABEL] = merged_ladder(profiles["ac"], profiles["sm"])
+    profiled: dict[str, dict[str, Any]] = {}
     results: dict[str, Any] = {}
     minutes: dict[str, dict[str, np.ndarray]] = {}
     summaries: dict[str, dict[str, Any]] = {}
-    peak = float(trace.peak_qpm)
+    if spec.static_peak_qpm is not None and not spec.static_peak_qpm > 0:
+        raise ConfigError(f"--static-peak: must be a positive QPM, got {spec.static_peak_qpm}")
+    peak = float(trace.peak_qpm) if spec.static_peak_qpm is None else float(spec.static_peak_qpm)
+    if "diffserve-static" in spec.policies:
+        provenance["static_peak"] = f"diffserve-static provisioned for {peak:.0f} QPM given in advance " + (
+            "(the trace's highest 1-minute rate)" if spec.static_peak_qpm is None else "(--static-peak)"
+        )
+    from argusdiff.predictors import predictor_spec
+
+    if spec.predictor not in (None, "source"):
+        predictor_spec(spec.predictor)  # fail early, naming the option
+    provenance["predictor"] = (
+        "each policy's own reading (" + ", ".join(f"{k}: {v}" for k, v in SOURCE_PREDICTORS.items()) + ")"
+        if spec.predictor == "source"
+        else predictor_spec(spec.predictor).describe()
+    )
     for label, name, extra in runs:
         fam = FAMILY[name]
+        if spec.cascade_baselines and name in CASCADE_BASELINES:
+            fam = "cascade"
         prof = override.get(label, profiles[fam])
         if fam == "ac" and prof.strategies == {Strategy.SM} and name == "nirvana":
             raise ConfigError(f"--profile: nirvana needs an approximate-caching profile, {prof.name!r} is sm")
-        period = (spec.period_s or 60.0) if fam != "cascade" else (spec.period_s or spec.cascade_period_s)
+        # DiffServe's controller refreshes every 1 s; the others plan every period (ARGUS: 60 s)
+        period = (spec.period_s or 60.0) if FAMILY[name] != "cascade" else (spec.period_s or spec.cascade_period_s)
         options: dict[str, Any] = {"slo_s": slo, "period_s": period, **spec.policy_options, **extra}
+        if prof.cascades:
+            options["tier_slo"] = tier_slo
+            if prof.name not in profiled:
+                profiled[prof.name] = profiled_quality(wl, prof)
+            options.update(profiled[prof.name])
+        if spec.predictor == "source":
+            options.setdefault("predictor", SOURCE_PREDICTORS.get(name))
+        elif spec.predictor is not None:
+            options.setdefault("predictor", spec.predictor)
         if name in ("argus", "argus+") and prof.strategies == {Strategy.AC}:
             options["fallback"] = profiles["sm"]
         if name == "diffserve-static":
@@ -394,6 +569,8 @@ def run_replay(
             cache_prefill=spec.cache_prefill,
             faults=faults,
             tier_slo=tier_slo,
+            max_resident_models=spec.max_resident_models,
+            admission=admission,
         )
         cb = (lambda f, _label=label: progress(_label, f)) if progress else None
         res = simulate(policy, wl, cfg, progress=cb)
@@ -401,7 +578,13 @@ def run_replay(
         m = minute_metrics(res)
         s = summarize(res, m)
         s["policy"] = label
+        s["admission"] = "on" if admission.enabled else "off"
         s["period_s"] = period
+        s["predictor"] = policy.describe().get("predictor", "")
+        if spec.drift is not None and getattr(policy, "uses_classifier", False):
+            from argusdiff.simulator.drift import replay_drift
+
+            s["drift"] = replay_drift(res, spec.drift, seed=spec.seed).as_dict()
         results[label] = res
         minutes[label] = m
         summaries[label] = s
@@ -414,6 +597,71 @@ def run_replay(
         minutes=minutes,
         summaries=summaries,
     )
+
+
+def _admission(value: Any):
+    """The admission mechanism of a replay from ``ReplaySpec.admission``."""
+    from argusdiff.admission import AdmissionConfig
+
+    if isinstance(value, AdmissionConfig):
+        return value
+    if isinstance(value, bool):
+        return AdmissionConfig(enabled=value)
+    raise ConfigError(f"admission: expected true, false or an AdmissionConfig, got {value!r}")
+
+
+def profiled_quality(wl, profile: Profile) -> dict[str, Any]:
+    """The unified plan's quality model profiled on the workload's prompt set (not its trace): per
+    predicted optimal level c, the mean relative quality of c's prompts at each level; per cascade
+    light level, f_c(t) (the share of c's prompts whose light image's confidence is below t) and the
+    mean relative quality of the light images kept at t. Options ``class_quality`` and
+    ``cascade_tables`` of argus+."""
+    from solver.paths import class_quality_model
+
+    ids = profile.ids
+    opt = wl.optimal_for(profile) if ids not in wl.optimal else wl.optimal[ids]
+    rel = np.stack([np.clip(wl.relative[lv], 0.0, 1.0) for lv in ids], axis=1)
+    fallback = class_quality_model(profile.levels)
+    members = [np.flatnonzero(opt == c) for c in range(len(ids))]
+    cq = [tuple(float(v) for v in rel[m].mean(axis=0)) if len(m) else tuple(fallback[c]) for c, m in enumerate(members)]
+    tables: dict[str, tuple] = {}
+    for spec in profile.cascade_specs:
+        conf = wl.confidences.get(spec.light, wl.confidence)
+        if conf is None:
+            continue
+        j = ids.index(spec.light)
+        ts = np.asarray(spec.thresholds)
+        defer, kept = [], []
+        for c, m in enumerate(members):
+            if not len(m):
+                defer.append(tuple(float(f) for f in spec.deferral))
+                kept.append(tuple(cq[c][j] for _ in ts))
+                continue
+            below = conf[m][:, None] < ts[None, :]
+            defer.append(tuple(float(v) for v in below.mean(axis=0)))
+            keep = ~below
+            n_keep = keep.sum(axis=0)
+            q = (rel[m, j][:, None] * keep).sum(axis=0) / np.maximum(n_keep, 1)
+            kept.append(tuple(float(v) if k else cq[c][j] for v, k in zip(q, n_keep, strict=True)))
+        tables[spec.light] = (tuple(defer), tuple(kept))
+    return {"class_quality": tuple(cq), "cascade_tables": tables}
+
+
+def domination(summaries: dict[str, dict[str, Any]], subject: str, *, among: Sequence[str] | None = None) -> list[str]:
+    """The policies (of ``among``, default all but ``subject``'s own variants) that dominate
+    ``subject``: fewer or equal SLO violations and higher or equal relative quality, one strictly."""
+    me = summaries[subject]
+    v0, q0 = float(me["slo_violation_ratio"]), float(me["relative_quality"])
+    out = []
+    for label, s in summaries.items():
+        if label == subject or (among is not None and label not in among):
+            continue
+        if among is None and label.startswith(subject):
+            continue
+        v, q = float(s["slo_violation_ratio"]), float(s["relative_quality"])
+        if v <= v0 and q >= q0 and (v < v0 or q > q0):
+            out.append(label)
+    return out
 
 
 def _stable_hash(text: str) -> int:

@@ -46,20 +46,22 @@ def _fmt(x: float, spec: str) -> str:
 
 def format_table(result) -> str:
     """The comparison table (plain text, one row per policy)."""
+    w = max(19, 2 + max((len(label) for label in result.summaries), default=0))
     head = (
-        f"{'policy':<19}{'profile':<22}{'SLO viol':>9}{'rel.qual':>9}{'eff.qual':>9}{'goodput':>9}"
+        f"{'policy':<{w}}{'profile':<22}{'SLO viol':>9}{'rel.qual':>9}{'eff.qual':>9}{'goodput':>9}"
         f"{'thrpt':>8}{'util':>6}{'switch':>7}{'p99 s':>8}{'dropped':>8}"
     )
     lines = [head, "-" * len(head)]
     for label, s in result.summaries.items():
         lines.append(
-            f"{label:<19}{s.get('profile')!s:<22}{_fmt(100 * s['slo_violation_ratio'], '8.1f')}%"
+            f"{label:<{w}}{s.get('profile')!s:<22}{_fmt(100 * s['slo_violation_ratio'], '8.1f')}%"
             f"{_fmt(100 * s['relative_quality'], '8.1f')}%{_fmt(s['effective_quality'], '9.2f')}"
             f"{_fmt(s['goodput_qpm'], '9.1f')}{_fmt(s['throughput_qpm'], '8.1f')}"
             f"{_fmt(100 * s['gpu_utilization'], '5.0f')}%{s['model_switches']:>7d}"
             f"{_fmt(s['latency_p99_s'], '8.1f')}{s['dropped']:>8d}"
         )
     lines += format_tier_table(result)
+    lines += format_domination(result)
     p = result.provenance
     lines.append("")
     lines.append(
@@ -67,7 +69,25 @@ def format_table(result) -> str:
         f"mean {p['mean_qpm']:.0f} QPM, "
         f"peak {p['peak_qpm']:.0f} QPM); {p['gpus']} workers; SLO {p['slo_s']:.1f} s; seed {p['seed']}"
     )
+    if p.get("load_scaling"):
+        lines.append(f"load: {p['load_scaling']}")
+    if p.get("predictor"):
+        lines.append(f"demand predictor: {p['predictor']}")
+    if p.get("admission"):
+        refused = ", ".join(f"{k} {s.get('refused', 0)}" for k, s in result.summaries.items())
+        lines.append(f"admission: {p['admission']}; refused (in dropped): {refused}")
+    if p.get("static_peak"):
+        lines.append(f"peak: {p['static_peak']}")
     lines.append(f"classifier: {p['classifier']}")
+    drift = [(label, s["drift"]) for label, s in result.summaries.items() if s.get("drift")]
+    if drift:
+        d0 = drift[0][1]
+        runs = ", ".join(f"{label} {d['retrains']} (of {d['windows']} windows)" for label, d in drift)
+        lines.append(
+            f"drift retraining (ARGUS §4.1: ~7 in 800 min): retrains {runs}; window {d0['window']}, "
+            f"history {d0['history']}, tolerance {d0['tolerance']:g}, min prompts {d0['min_samples']}, "
+            f"sample {d0['sample']:g}"
+        )
     synthetic = [k for k, v in p["quality"].items() if v.startswith("SYNTHETIC")]
     other = {k: v for k, v in p["quality"].items() if k not in synthetic}
     if synthetic:
@@ -81,6 +101,27 @@ def format_table(result) -> str:
     if p.get("slo_note"):
         lines.append(f"SLOs: {p['slo_note']}")
     return "\n".join(lines)
+
+
+def format_domination(result) -> list[str]:
+    """The domination check of argus+ (unified) against the other policies of the run (not its own
+    ablation rows): lines, when it ran."""
+    from argusdiff.replay import UNIFIED_LABEL, domination
+
+    s = result.summaries
+    if UNIFIED_LABEL not in s:
+        return []
+    field = [lb for lb in s if not lb.startswith(UNIFIED_LABEL)]
+    dom = domination(s, UNIFIED_LABEL, among=field)
+    me = s[UNIFIED_LABEL]
+    if not dom:
+        return ["", f"domination check: {UNIFIED_LABEL} is not dominated by {', '.join(field) or 'any policy'}"]
+    parts = [
+        f"{d} ({100 * s[d]['slo_violation_ratio']:.1f}% vs {100 * me['slo_violation_ratio']:.1f}% violations, "
+        f"{100 * s[d]['relative_quality']:.1f}% vs {100 * me['relative_quality']:.1f}% relative quality)"
+        for d in dom
+    ]
+    return ["", f"domination check: {UNIFIED_LABEL} is DOMINATED by " + "; ".join(parts)]
 
 
 def format_tier_table(result) -> list[str]:

@@ -485,6 +485,39 @@ class HnswIndex:
             snapshot = [row.entry(pid) for pid, row in self._rows.items()]
         yield from snapshot
 
+    def export_rows(self) -> list[tuple[IndexEntry, np.ndarray]]:
+        """Every entry with its (unit) embedding, e.g. for a replication snapshot."""
+        with self._lock:
+            embs = {
+                pid: np.frombuffer(emb, dtype=np.float32).copy()
+                for pid, emb in self._db.execute("SELECT prompt_id, embedding FROM prompts")
+            }
+            return [(row.entry(pid), embs[pid]) for pid, row in self._rows.items() if pid in embs]
+
+    def load_rows(self, rows: Sequence[tuple[IndexEntry, np.ndarray]]) -> int:
+        """Index entries with their latents' hits and last use (a replication snapshot); entries
+        already indexed are skipped. Returns the number added."""
+        fresh = [(e, emb) for e, emb in rows if e.prompt_id not in self._rows and e.latents]
+        if not fresh:
+            return 0
+        self.add_many(
+            [
+                (e.prompt_id, emb, e.model, {k: s.size_bytes for k, s in e.latents.items()}, e.created_s)
+                for e, emb in fresh
+            ]
+        )
+        with self._lock:
+            self._db.executemany(
+                "UPDATE latents SET hits = ?, last_use = ? WHERE prompt_id = ? AND k = ?",
+                [(s.hits, s.last_use_s, e.prompt_id, k) for e, _ in fresh for k, s in e.latents.items()],
+            )
+            for e, _ in fresh:
+                row = self._rows.get(e.prompt_id)
+                if row is not None:
+                    for k, s in e.latents.items():
+                        row.latents[int(k)] = [int(s.size_bytes), int(s.hits), float(s.last_use_s)]
+        return len(fresh)
+
     def latent_stats(self) -> list[LatentStat]:
         with self._lock:
             return [

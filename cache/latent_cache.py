@@ -83,14 +83,19 @@ class LatentCache:
 
     # -- construction ---------------------------------------------------------------------------
     @classmethod
-    def from_config(cls, config: CacheConfig, *, read_only: bool = False) -> LatentCache:
+    def from_config(
+        cls, config: CacheConfig, *, read_only: bool = False, index: VectorIndex | None = None
+    ) -> LatentCache:
         """The cache a :class:`~argusdiff.config.CacheConfig` describes (creates folders/bucket).
         ``read_only`` opens an HNSW index without taking its writer lock (to inspect a cache
-        another process serves from)."""
+        another process serves from); ``index`` replaces the configured index (e.g. a
+        :class:`~cache.replication.ReplicatedIndex`)."""
         root = Path(config.path).expanduser()
         try:
-            if config.index == "hnsw":
-                index: VectorIndex = HnswIndex(
+            if index is not None:
+                pass
+            elif config.index == "hnsw":
+                index = HnswIndex(
                     root / "index",
                     config.embedding_dim,
                     m=config.hnsw_m,

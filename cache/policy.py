@@ -5,7 +5,8 @@ the cache itself share one definition.
 
 **Similarity → K (NIRVANA).** A new prompt may resume from the latent an earlier prompt left after
 K of N denoising steps when the two prompts' text embeddings are similar enough; the more steps
-skipped, the more similar they must be. NIRVANA's defaults (ARGUS §4.5, NIRVANA §4):
+skipped, the more similar they must be. NIRVANA's defaults (NIRVANA, NSDI '24; the papers in
+../shared give no table — ARGUS §4.5 and §5.1 only say K follows the prompt's similarity):
 similarity > 0.95 → K = 25, > 0.90 → 20, > 0.85 → 15, > 0.75 → 10, > 0.65 → 5, else a miss (K = 0).
 Comparisons are strict, as in the paper.
 
@@ -222,9 +223,6 @@ class CachePolicy:
         if steps < 1:
             raise ValueError(f"steps must be >= 1 (got {steps})")
         return math.ceil(int(k) * self.reference_steps / int(steps) - 1e-9)
-
-    def k_for(self, similarity: float) -> int:
-        return k_for_similarity(similarity, self.thresholds)
 
     def min_similarity(self, k: int, steps: int | None = None) -> float:
         return min_similarity_for_k(self.scaled_k(k, steps), self.thresholds)

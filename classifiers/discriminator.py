@@ -3,7 +3,12 @@
 ``confidence(images)`` is the softmax probability of the *real* class; a cascade returns the light
 model's image when ``confidence >= threshold`` (``accept``) and defers the query to the heavy model
 otherwise. The variant is configurable (``tf_efficientnetv2_b0`` by default; timm's tiny
-``test_efficientnet`` in tests); models are created with ``pretrained=False`` (no hub download) and
+``test_efficientnet`` in tests). DiffServe fine-tunes an ImageNet-pretrained EfficientNet-V2 (its
+artifact, ``src/worker/model.py``: torchvision ``efficientnet_v2_s(weights='IMAGENET1K_V1')`` with
+a new two-class head): ``pretrained=`` names local weights of the variant (a ``.safetensors``/``.pth``/``.bin``
+file, or a folder holding ``model.safetensors`` or ``pytorch_model.bin``, e.g. a snapshot of
+``timm/tf_efficientnetv2_b0.in1k``); the backbone starts from them and the two-class head is new.
+Without it the model starts from random weights. Nothing is downloaded from a hub. Models are
 trained with :func:`train_discriminator`.
 
 Images may be PIL images, ``uint8`` arrays (H, W, 3), encoded image bytes (PNG/JPEG) or file paths.
@@ -39,6 +44,7 @@ __all__ = [
     "deferral_curve",
     "format_ft_toml",
     "list_images",
+    "pretrained_weights_file",
     "roc_auc",
     "train_discriminator",
 ]
@@ -56,6 +62,7 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 class DiscriminatorMeta:
     variant: str = "tf_efficientnetv2_b0"
     image_size: int = 224
+    pretrained: str | None = None  # the weights the backbone started from (None: random)
     profile: str | None = None
     light: str | None = None
     heavy: str | None = None
@@ -111,6 +118,26 @@ def _to_pil(image: Any, index: int = 0) -> Any:
     return Image.fromarray(arr[..., :3])
 
 
+_PRETRAINED_FILES = ("model.safetensors", "pytorch_model.bin", "model.pth")
+_PRETRAINED_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
+
+
+def pretrained_weights_file(path: str | Path) -> Path:
+    """The weights file of local pretrained weights ``path`` (a file, or a folder holding one of
+    ``model.safetensors``, ``pytorch_model.bin``, ``model.pth``)."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        for name in _PRETRAINED_FILES:
+            if (p / name).is_file():
+                return p / name
+        raise ClassifierInputError(f"pretrained weights {p}: folder holds none of {', '.join(_PRETRAINED_FILES)}")
+    if not p.is_file():
+        raise ClassifierInputError(f"pretrained weights {p}: no such file or folder")
+    if p.suffix.lower() not in _PRETRAINED_SUFFIXES:
+        raise ClassifierInputError(f"pretrained weights {p}: expected one of {', '.join(_PRETRAINED_SUFFIXES)}")
+    return p
+
+
 class Discriminator:
     """Binary real-vs-generated image classifier; ``confidence`` = P(real)."""
 
@@ -130,19 +157,36 @@ class Discriminator:
         heavy: str | None = None,
         seed: int = 0,
         device: str = "cpu",
+        pretrained: str | Path | None = None,
     ) -> Discriminator:
+        """A new two-class model: random weights, or the backbone from local ``pretrained`` weights
+        of ``variant`` (an ImageNet checkpoint: its 1000-class head is replaced by a new one)."""
         torch = _torch()
         import timm
 
         if image_size < 16:
             raise ClassifierInputError(f"image_size must be >= 16, got {image_size}")
+        weights = None if pretrained is None else pretrained_weights_file(pretrained)
         torch.manual_seed(seed)
         try:
             with MODEL_BUILD_LOCK:
-                model = timm.create_model(variant, pretrained=False, num_classes=2)
-        except RuntimeError as exc:  # timm: "Unknown model (...)"
-            raise ClassifierInputError(f"discriminator variant {variant!r}: {exc}") from None
-        meta = DiscriminatorMeta(variant=variant, image_size=image_size, profile=profile, light=light, heavy=heavy)
+                if weights is None:
+                    model = timm.create_model(variant, pretrained=False, num_classes=2)
+                else:
+                    model = timm.create_model(
+                        variant, pretrained=True, pretrained_cfg_overlay={"file": str(weights)}, num_classes=2
+                    )
+        except RuntimeError as exc:  # timm: "Unknown model (...)", or weights of another architecture
+            what = "" if weights is None else f" with pretrained weights {weights}"
+            raise ClassifierInputError(f"discriminator variant {variant!r}{what}: {exc}") from None
+        meta = DiscriminatorMeta(
+            variant=variant,
+            image_size=image_size,
+            pretrained=None if weights is None else str(weights),
+            profile=profile,
+            light=light,
+            heavy=heavy,
+        )
         return cls(model, meta, device=device)
 
     @classmethod
@@ -292,6 +336,7 @@ class DiscriminatorTrainConfig:
     seed: int = 0
     flip: bool = True  # random horizontal flips while training
     progress: bool = True
+    pretrained: str | None = None  # local ImageNet weights of the variant to start from (None: random)
 
 
 @dataclass
@@ -360,7 +405,13 @@ def train_discriminator(
         raise TrainingDataError(f"val_fraction must be in (0, 1), got {config.val_fraction}")
     t0 = time.perf_counter()
     disc = Discriminator.new(
-        config.variant, image_size=config.image_size, profile=profile, light=light, heavy=heavy, seed=config.seed
+        config.variant,
+        image_size=config.image_size,
+        profile=profile,
+        light=light,
+        heavy=heavy,
+        seed=config.seed,
+        pretrained=config.pretrained,
     )
     rng = np.random.default_rng(config.seed)
     r_tr, r_va = _split(len(real_images), config.val_fraction, rng)

@@ -25,7 +25,7 @@ import numpy as np
 from classifiers.errors import ClassifierInputError, TrainingDataError
 from traces.quality import QualityTable
 
-__all__ = ["ClassifierSlot", "DriftEvent", "DriftMonitor", "DriftRetrainer", "Swappable"]
+__all__ = ["ClassifierSlot", "DriftEvent", "DriftMonitor", "DriftRetrainer", "DriftTrigger", "Swappable"]
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,7 @@ class DriftMonitor:
         self._medians: deque[float] = deque(maxlen=history)
         self.windows = 0
         self.events: list[DriftEvent] = []
+        self.last_median: float | None = None  # of the last completed window
 
     @classmethod
     def from_config(cls, config: Any) -> DriftMonitor:
@@ -74,6 +75,7 @@ class DriftMonitor:
         if len(self._current) < self.window:
             return None
         median = float(np.median(self._current))
+        self.last_median = median
         self._current = []
         event = None
         if len(self._medians) >= self.min_history:
@@ -92,6 +94,63 @@ class DriftMonitor:
         """Forget the history (after a retrain the old baseline no longer applies)."""
         self._current = []
         self._medians.clear()
+
+
+class DriftTrigger:
+    """The retraining rule of the live loop (:mod:`argusdiff.service.drift`) and of the replay
+    (:mod:`argusdiff.simulator.drift`): each scored sample feeds the :class:`DriftMonitor` and
+    collects its prompt; a flagged drift makes a retrain *due* once ``min_samples`` distinct prompts
+    have been collected since the last retrain; :meth:`retrained` resets the monitor (the old
+    baseline no longer applies) and the collection.
+    """
+
+    def __init__(self, monitor: DriftMonitor, min_samples: int, *, max_prompts: int = 10_000) -> None:
+        if min_samples < 2:
+            raise ClassifierInputError(f"min_samples must be >= 2, got {min_samples}")
+        self.monitor = monitor
+        self.min_samples = min_samples
+        self._prompts: dict[Any, None] = {}  # distinct, oldest first
+        self.max_prompts = max(max_prompts, min_samples)
+        self.pending = False
+        self.events = 0
+        self.retrains = 0
+        self.last_window: float | None = None  # the median of the last completed window
+        self.last_baseline: float | None = None
+
+    def add(self, quality: float, prompt: Any) -> DriftEvent | None:
+        event = self.monitor.add(quality)
+        self.last_window = self.monitor.last_median
+        self._prompts.pop(prompt, None)
+        self._prompts[prompt] = None
+        if len(self._prompts) > self.max_prompts:
+            del self._prompts[next(iter(self._prompts))]
+        if event is not None:
+            self.pending = True
+            self.events += 1
+            self.last_baseline = event.baseline
+        return event
+
+    @property
+    def collected(self) -> int:
+        return len(self._prompts)
+
+    def due(self) -> bool:
+        return self.pending and len(self._prompts) >= self.min_samples
+
+    def prompts(self, n: int | None = None) -> list[Any]:
+        """The ``n`` (default ``min_samples``) most recently collected distinct prompts."""
+        keys = list(self._prompts)
+        return keys[-(n or self.min_samples) :]
+
+    def retrained(self) -> None:
+        self.pending = False
+        self.retrains += 1
+        self.monitor.reset()
+        self._prompts.clear()
+
+    def failed(self) -> None:
+        """A retrain failed: wait for the next drift flag (the collection is kept)."""
+        self.pending = False
 
 
 class Swappable(Protocol):

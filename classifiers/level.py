@@ -369,23 +369,53 @@ class LevelClassifier:
 
         Tokenizes once, sorts by token count, and runs each ``batch_size`` slice as the length
         buckets of :func:`length_buckets` (less padding); rows come back in input order."""
+        return self._bucketed(prompts, batch_size, self.forward, len(self.level_ids))
+
+    def pooled(self, prompts: Sequence[str], *, batch_size: int = 64) -> np.ndarray:
+        """The float32 representation the head sees, (n, hidden), bucketed as :meth:`logits`
+        (pooling 'mean': the masked mean of the encoder's last hidden states, the sentence
+        embedding before its L2 normalisation). :meth:`head_logits` turns it into logits, so one
+        encoder pass serves the classifier and anyone else who wants the embedding
+        (:mod:`argusdiff.service.prompt_pass`)."""
+        width = int(getattr(self.model.config, "hidden_size", 0))
+        return self._bucketed(prompts, batch_size, self.encode, width)
+
+    def head_logits(self, pooled: np.ndarray) -> np.ndarray:
+        """Logits (n, levels) of :meth:`pooled` rows (inference: no dropout)."""
+        torch = _torch()
+        if self.meta.pooling != "mean":
+            raise ClassifierInputError("head_logits needs pooling 'mean' (the head of 'cls' is the model's own pooler)")
+        x = torch.from_numpy(np.ascontiguousarray(pooled, dtype=np.float32)).to(self.device)
+        head = self.model.classifier
+        with torch.inference_mode():
+            return head(x.to(head.weight.dtype)).float().cpu().numpy()
+
+    def predict_pooled(self, prompts: Sequence[str], pooled: np.ndarray) -> list[str]:
+        """Level ids of ``prompts`` from their :meth:`pooled` rows (the empty-prompt rule applies
+        as in :meth:`predict`; an empty prompt's row is ignored)."""
+        empty, _full = self._split_empty(prompts)
+        index = self.head_logits(pooled).argmax(axis=1) if len(prompts) else np.zeros(0, dtype=np.int64)
+        index[empty] = 0
+        return [self.level_ids[int(i)] for i in index]
+
+    def _bucketed(self, prompts: Sequence[str], batch_size: int, fn: Any, width: int) -> np.ndarray:
         torch = _torch()
         n = len(prompts)
         if not n:
-            return np.zeros((0, len(self.level_ids)), dtype=np.float32)
+            return np.zeros((0, width), dtype=np.float32)
         if batch_size < 1:
             raise ClassifierInputError(f"batch_size must be >= 1, got {batch_size}")
         tok = self.tokenizer(list(prompts), truncation=True, max_length=self.meta.max_length, padding=False)
         lengths = np.array([len(x) for x in tok["input_ids"]], dtype=np.int64)
         order = np.argsort(lengths, kind="stable")
-        logits = np.empty((n, len(self.level_ids)), dtype=np.float32)
+        out = np.empty((n, width), dtype=np.float32)
         with torch.inference_mode(), torch_threads(self.threads):
             for start in range(0, n, batch_size):
                 rows = order[start : start + batch_size]
                 for lo, hi in length_buckets(lengths[rows].tolist(), BUCKET_OVERHEAD_TOKENS):
                     enc = self._pad(tok, rows[lo:hi])
-                    logits[rows[lo:hi]] = self.forward(enc).float().cpu().numpy()
-        return logits
+                    out[rows[lo:hi]] = fn(enc).float().cpu().numpy()
+        return out
 
     def _pad(self, tok: Mapping[str, Any], rows: np.ndarray) -> dict[str, Any]:
         """Tensors of the tokenized ``rows``, padded to their longest (the tokenizer's side and ids)."""
@@ -499,6 +529,7 @@ class BatchedClassifier:
             raise ClassifierInputError(str(exc)) from None
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
+        self.version = 1  # +1 at every swap (the drift loop's retrains)
 
     @property
     def classifier(self) -> LevelClassifier:
@@ -523,6 +554,7 @@ class BatchedClassifier:
         classifier.check_levels(self._classifier.level_ids)
         with self._lock:
             old, self._classifier = self._classifier, classifier
+            self.version += 1
         return old
 
     def submit(self, prompt: str) -> Future:

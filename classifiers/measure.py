@@ -36,8 +36,12 @@ def measure_quality_table(
     batch_size: int = 1,
     progress: bool = True,
     level_ids: Sequence[str] | None = None,
+    warm_cache: bool = False,
 ) -> QualityTable:
     """Scores of ``prompts`` (a ``PromptSet`` or strings) at ``profile``'s levels (or ``level_ids``).
+
+    ``warm_cache``: the executors' latent cache is warm with other prompts (the live drift loop),
+    so ``ac`` levels are measured as they serve; otherwise they are refused (module doc).
 
     ``executor_for(level_id)`` returns a ``workers`` ``LevelExecutor`` (e.g.
     ``workers.executor.executor_factory(profile, registry)``); ``scorer.score(prompts, images)``
@@ -56,7 +60,7 @@ def measure_quality_table(
         raise TrainingDataError(f"batch_size must be >= 1, got {batch_size}")
     levels = [profile.level(lv) for lv in (level_ids or profile.ids)]
     ac = [lv.id for lv in levels if lv.strategy is Strategy.AC]
-    if ac:
+    if ac and not warm_cache:
         raise TrainingDataError(
             f"level(s) {ac} use approximate caching: their quality depends on the warmed latent cache; "
             "measure them with the cache in place and pass a quality table (--table)"

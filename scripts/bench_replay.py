@@ -28,17 +28,25 @@ def main() -> int:
     )
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--no-embeddings", action="store_true")
+    ap.add_argument("--no-admission", action="store_true", help="no admission after the policies")
     args = ap.parse_args()
 
     from argusdiff.replay import ReplaySpec, prepare, run_replay
 
-    spec = ReplaySpec(trace=args.trace, gpus=args.gpus, embeddings=not args.no_embeddings, policies=[])
+    spec = ReplaySpec(
+        trace=args.trace,
+        gpus=args.gpus,
+        embeddings=not args.no_embeddings,
+        policies=[],
+        admission=not args.no_admission,
+    )
     t0 = time.perf_counter()
     prepared = prepare(spec)
     t_prep = time.perf_counter() - t0
     wl = prepared[0]
     print(f"machine: {platform.machine()} {os.cpu_count()} cpus; python {platform.python_version()}")
-    print(f"trace {args.trace}: {wl.n_requests} requests; workload built in {t_prep:.1f} s")
+    print(f"trace {args.trace}: {wl.n_requests} requests; workload built in {t_prep:.1f} s; "
+          f"admission {'off' if args.no_admission else 'on'}")  # fmt: skip
     rates = []
     walls = []
     for name in [p for p in args.policies.split(",") if p]:

@@ -96,21 +96,6 @@ async def _bench(settings, n: int, concurrency: int) -> dict:
         await service.stop()
 
 
-def _scaled_profile(profile, s: float):
-    import dataclasses
-
-    levels = tuple(
-        dataclasses.replace(
-            lv,
-            latency_s={b: t * s for b, t in lv.latency_s.items()},
-            load_time_s=lv.load_time_s * s,
-            peak_qpm_override=None if lv.peak_qpm_override is None else lv.peak_qpm_override / s,
-        )
-        for lv in profile.levels
-    )
-    return dataclasses.replace(profile, levels=levels, slo_s=profile.default_slo_s() * s)
-
-
 class _OracleAdapter:
     """The simulator's per-prompt predictions behind the live router's classifier interface."""
 
@@ -141,11 +126,13 @@ async def _live_replay(service, arrivals, prompts, warm) -> list[tuple[float, st
         router = service.router
         # warm start, as the simulator: the cluster was running before the trace, so the first plan
         # sees the first period's arrivals and optimal levels, and workers are at their levels
-        router.arrivals, router.affinity = warm
+        router.arrivals, router.affinity = warm[0], warm[1]
+        # ... in 1 s bins too (the simulator's first plan sees the first period's bins)
+        start = time.time() - service.control.period_s
+        for t in warm[2]:
+            router.arrival_seconds[int(start + t)] += 1
         if hasattr(service.policy, "demand"):  # forget the start-up plan's 0-QPM observation
-            from argusdiff.predictors import EwmaDemand
-
-            service.policy.demand = EwmaDemand(service.policy.options.ewma_alpha)
+            service.policy.demand = service.policy.new_demand_predictor()
         service.control.last_tick = time.time() - service.control.period_s  # one full period
         plan = await service.control.tick()
 
@@ -165,6 +152,9 @@ async def _live_replay(service, arrivals, prompts, warm) -> list[tuple[float, st
                 return
             res = (await router.wait(sub, 600))[0]
             lat = time.time() - t0
+            if not res.ok:  # dropped by the policy after a cascade deferral
+                out[i] = (float("inf"), None, False)
+                return
             out[i] = (lat, res.level, lat <= sub.deadline_s - sub.arrival_s)
 
         start = time.monotonic()
@@ -181,6 +171,8 @@ async def _live_replay(service, arrivals, prompts, warm) -> list[tuple[float, st
 
 
 def fidelity(args) -> int:
+    import dataclasses
+
     import numpy as np
 
     from argusdiff.config import Settings
@@ -197,10 +189,15 @@ def fidelity(args) -> int:
     sim_policy = make_policy(
         args.policy, profile, rng=np.random.default_rng(0), config=PolicyOptions(period_s=period, backend="highs")
     )
-    sim = summarize(simulate(sim_policy, wl, SimConfig(gpus=args.gpus, period_s=period, seed=0)))
+    # the same admission after the policy in both (the service's default; the live run's times are
+    # all scaled by --time-scale, so its decisions match the simulator's)
+    admission = Settings(admission={"enabled": not args.no_admission}).admission.mechanism()
+    # stand-in workers never miss the cache: the simulator starts with every prompt cached
+    sim_cfg = SimConfig(gpus=args.gpus, period_s=period, seed=0, cache_prefill=args.cache_prefill, admission=admission)
+    sim = summarize(simulate(sim_policy, wl, sim_cfg))
 
     s = args.time_scale
-    scaled = _scaled_profile(profile, s)
+    scaled = profile.time_scaled(s)
     rows = wl.prompt_idx
     prompts = [wl.prompts[r] for r in rows]
     optimal = wl.optimal[profile.ids]
@@ -218,13 +215,25 @@ def fidelity(args) -> int:
                 "worker_timeout_s": 5.0,
                 "sizes": ["512x512"],
             },
+            "admission": {"enabled": not args.no_admission},
         }
     )
     service = Service(settings, profile=scaled, classifier=oracle)
+    # the demand predictor reads rates over bins and windows in seconds: compress them as well
+    spec = sim_policy.predictor_spec
+    service.policy.predictor_spec = dataclasses.replace(spec, bin_s=spec.bin_s * s, window_s=spec.window_s * s)
+    if profile.cascade is not None and wl.confidence is not None:
+        # the stand-in light workers judge with the simulator's per-prompt confidences
+        conf = {wl.prompts[r]: float(wl.confidence[r]) for r in set(rows.tolist())}
+        service.factory.stand_in_judge = lambda item: conf[item.prompt]
     from collections import Counter
 
     first = wl.arrivals_s < period
-    warm = (int(first.sum()), Counter(profile.ids[int(optimal[r])] for r in rows[first]))
+    warm = (
+        int(first.sum()),
+        Counter(profile.ids[int(optimal[r])] for r in rows[first]),
+        tuple(float(t) * s for t in wl.arrivals_s[first]),  # when, within the compressed period
+    )
     live = asyncio.run(_live_replay(service, wl.arrivals_s * s, prompts, warm))
     n = len(live)
     ok = sum(1 for _, _, met in live if met)
@@ -235,7 +244,10 @@ def fidelity(args) -> int:
     served = max(1, sum(mix.values()))
     live_viol = 1 - ok / n
     print(f"simulator fidelity: {args.fid_profile}, policy {args.policy}, {args.gpus} workers, trace {args.trace}, "
-          f"{n} requests; live time scale {s:g} (stand-in workers)")  # fmt: skip
+          f"{n} requests; live time scale {s:g} (stand-in workers); "
+          f"simulated cache prefill {args.cache_prefill:g}; admission {admission.describe()}")  # fmt: skip
+    dropped = sum(1 for lat, lv, _ in live if lv is None)
+    print(f"{'refused or dropped':<22}{sim.get('dropped', 0) / max(1, n):>10.3f}{dropped / max(1, n):>10.3f}")
     print(f"{'':<22}{'simulator':>10}{'live':>10}{'diff (pp)':>11}")
     print(f"{'SLO violation ratio':<22}{sim['slo_violation_ratio']:>10.3f}{live_viol:>10.3f}"
           f"{100 * (live_viol - sim['slo_violation_ratio']):>11.1f}")  # fmt: skip
@@ -261,6 +273,13 @@ def main() -> int:
     ap.add_argument("--gpus", type=int, default=4, help="workers of the fidelity run")
     ap.add_argument("--period", type=float, default=60.0, help="control period of the fidelity run (s)")
     ap.add_argument("--time-scale", type=float, default=0.1, help="live time compression of the fidelity run")
+    ap.add_argument(
+        "--cache-prefill",
+        type=float,
+        default=1.0,
+        help="share of prompts cached before the simulated run (stand-in workers always hit: 1)",
+    )
+    ap.add_argument("--no-admission", action="store_true", help="fidelity run without admission (both sides)")
     args = ap.parse_args()
     if args.fidelity:
         return fidelity(args)
@@ -282,6 +301,9 @@ def main() -> int:
                     "worker_timeout_s": 5.0,
                     "namespace": f"bench{os.getpid()}",
                 },
+                # the stand-ins run at SCALE x the profile, so the deadline test never refuses here; no
+                # queue cap either: the submits outrun the stand-ins and would be refused at the cap
+                "admission": {"queue_cap": 0},
             }
         )
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Median solve times of the allocation formulations and ODA/PASM (issue 2, Performance).
+"""Median solve times of the allocation formulations, ODA/PASM, the cascade MILP and the unified plan.
 
 For 8, 64, 256, 1024 and 10,000 workers x 6 and 12 levels it prints the median wall time of:
 
@@ -12,7 +12,13 @@ For 8, 64, 256, 1024 and 10,000 workers x 6 and 12 levels it prints the median w
 * ``oda``          ODA -> PASM
 * ``exact+oda``    allocation + PASM, the number the targets are about
 
-followed by the cascade MILP's median solve time on the three shipped cascades.
+followed by the cascade MILP's median solve time on the three shipped cascades, and the unified
+plan (``solver.unified``: AC levels, smaller models and cascades in one plan per SLO tier) on
+:func:`unified_instance` for 8 to 10,000 workers and loads of 20 to 100 QPM per worker: ``plan``
+from scratch, ``replan`` from the plan made for 90% of the load (switch-cost pass included).
+``--unified-only`` runs that section alone; ``--unified-milp`` adds the same instance solved by the
+MILP formulation (seconds: it has a column per threshold and class) and checks the search against
+it (the script fails if the search's plan is worse than the MILP's by more than the 1e-4 gap).
 
 Levels: 6 = the shipped ``sdxl-ac-a100`` profile; 12 = the same SD-XL latency model with
 K in {0, 4, ..., 44} (0.2 s + (50 - K) * 0.08 s) and a smooth quality curve. Demand: 75% of the
@@ -26,6 +32,7 @@ degradation exponent (D(g) = g^p, g = level gap): share of instances where ODA c
 the mean/max relative excess.
 
 Usage: python scripts/bench_solver.py [--repeats 7] [--paper-max-vars 1000] [--quick] [--oda-study N]
+       python scripts/bench_solver.py --unified-only [--unified-milp] [--quick]
 """
 
 from __future__ import annotations
@@ -164,6 +171,84 @@ def cascade_times(repeats: int, have_gurobi: bool) -> None:
             print(f"{name:<24} {load:>8} {q:>7} {cells['highs']:>8} {cells['gurobi']:>8} {plan.threshold:>6g}")
 
 
+UNIFIED_LOADS = (20, 40, 60, 80, 100)  # QPM per worker
+UNIFIED_MIX = {"interactive": 0.3, "standard": 0.5, "batch": 0.2}
+UNIFIED_HEADROOM = {"interactive": 1.3, "standard": 1.1}
+
+
+def unified_instance(workers: int, per_worker_qpm: float, *, tiered: bool = False, informed: bool = True):
+    """The shipped A100 profiles as one deployment: the SD-XL AC ladder, the SM ladder and the
+    SDXL-Lightning -> SD-XL and SD-Turbo -> SD-1.5 cascades on the DiffServe f(t) grids
+    (:func:`solver.paths.merged_profile`), a discriminator that defers the worst light images first
+    (:func:`solver.paths.ranked_deferral`; ``informed=False``: the light level's quality), uniform
+    affinity; ``tiered``: interactive/standard/batch tiers (:data:`UNIFIED_MIX`, headroom
+    :data:`UNIFIED_HEADROOM`, deadlines from the simulator's tier multipliers)."""
+    from solver.paths import merged_profile, nitsum_tiers, problem_from_profile, ranked_deferral
+
+    prof, specs = merged_profile(
+        load_profile("sdxl-ac-a100"),
+        load_profile("sm-a100"),
+        {"sdxl-lightning": load_profile("cascade-sdxlltn-sdxl"), "sdturbo": load_profile("cascade-sdturbo-sdv15")},
+    )
+    tiers = nitsum_tiers(prof.default_slo_s(), UNIFIED_MIX, headroom=UNIFIED_HEADROOM) if tiered else None
+    return problem_from_profile(
+        prof,
+        workers,
+        workers * per_worker_qpm,
+        cascades=specs,
+        tiers=tiers,
+        cascade_tables=ranked_deferral(prof, specs) if informed else None,
+    )
+
+
+def unified_times(repeats: int, sizes, milp: bool) -> int:
+    """Median solve times of the unified plan; returns the number of search/MILP mismatches."""
+    import dataclasses
+
+    from solver.unified import DEFAULT_GAP, plan_unified
+
+    print(
+        "# unified plan (solver.unified, exact search, gap 1e-4): merged A100 profiles, 14 levels, 8 models, "
+        "2 cascades on 201-point f(t) grids; load = QPM per worker; median ms"
+    )
+    print(
+        f"{'workers':>7} {'tiers':>5} {'load':>5} {'plan':>8} {'nodes':>6} {'replan':>8} {'nodes':>6} "
+        f"{'moved':>6} {'quality':>8}  thresholds"
+    )
+    failures = 0
+    summary: dict[tuple[int, bool], list[tuple[float, float]]] = {}
+    for W in sizes:
+        for tiered in (False, True):
+            for load in UNIFIED_LOADS:
+                p = unified_instance(W, load, tiered=tiered)
+                t_plan, r = median_time(lambda p=p: plan_unified(p), repeats)
+                prev = plan_unified(unified_instance(W, 0.9 * load, tiered=tiered))
+                q = dataclasses.replace(p, current=dict(prev.assignment))
+                t_re, rr = median_time(lambda q=q: plan_unified(q), repeats)
+                summary.setdefault((W, tiered), []).append((t_plan, t_re))
+                thr = " ".join(f"{k}={v:g}" for k, v in r.thresholds.items())
+                print(
+                    f"{W:>7} {'3' if tiered else '1':>5} {load:>5} {t_plan * 1000:>8.1f} {r.nodes:>6} "
+                    f"{t_re * 1000:>8.1f} {rr.nodes:>6} {rr.moved_workers:>6} {r.expected_quality:>8.4f}  {thr}",
+                    flush=True,
+                )
+                if milp and W in (64, 1024) and load == 60:
+                    t_m, m = median_time(lambda p=p: plan_unified(p, formulation="milp", time_limit_s=120), 1)
+                    ok = r.objective >= m.objective * (1 - DEFAULT_GAP) - 1e-9
+                    failures += 0 if ok else 1
+                    print(
+                        f"#   milp ({m.backend}) {t_m * 1000:.0f} ms, objective {m.objective:.3f} vs search "
+                        f"{r.objective:.3f}{'' if ok else '  MISMATCH'}",
+                        flush=True,
+                    )
+    print("# median over the loads (plan / replan ms):")
+    for (W, tiered), times in summary.items():
+        plan = statistics.median(t for t, _ in times) * 1000
+        replan = statistics.median(t for _, t in times) * 1000
+        print(f"#   {W:>6} workers, {'3 tiers' if tiered else '1 tier '}: {plan:.1f} / {replan:.1f}")
+    return failures
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=7)
@@ -176,6 +261,8 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--quick", action="store_true", help="8 and 64 workers only")
     ap.add_argument("--cascade-only", action="store_true", help="only the cascade MILP timings")
+    ap.add_argument("--unified-only", action="store_true", help="only the unified-plan timings")
+    ap.add_argument("--unified-milp", action="store_true", help="also solve the unified plan by its MILP (slow)")
     ap.add_argument(
         "--oda-study",
         type=int,
@@ -198,6 +285,8 @@ def main(argv=None) -> int:
         f"# bench_solver  {datetime.now(UTC):%Y-%m-%d %H:%M} UTC  {platform.machine()}  python "
         f"{platform.python_version()}  gurobipy={'yes' if have_gurobi else 'no'}  repeats={args.repeats}"
     )
+    if args.unified_only:
+        return 1 if unified_times(args.repeats, sizes, args.unified_milp) else 0
     print(f"{'L':>3} {'W':>6} " + " ".join(f"{c:>12}" for c in COLS) + "   (median ms)")
     failures = 0
     for L, levels in sets.items():
@@ -211,6 +300,7 @@ def main(argv=None) -> int:
         "(its symmetric binaries make HiGHS take tens of seconds)."
     )
     cascade_times(args.repeats, have_gurobi)
+    failures += unified_times(args.repeats, sizes, args.unified_milp)
     return 1 if failures else 0
 
 

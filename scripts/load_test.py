@@ -11,6 +11,9 @@ start and end (a soak checks it stays flat).
     python scripts/load_test.py --duration 30
     python scripts/load_test.py --redis auto --duration 30
     python scripts/load_test.py --rate 200 --duration 600      # soak
+    # memory soak with real-size images (1024² PNGs of ~1.8 MB), the default 1 h result TTL
+    python scripts/load_test.py --image full --size 1024x1024 --rate 5 --duration 600 \
+        --workers 2 --scale 0.1 --response-format mix --result-memory-mb 64
 """
 
 from __future__ import annotations
@@ -49,6 +52,21 @@ def _rss_mb(pid: int) -> float:
     return float("nan")
 
 
+def _dir_mb(path: str) -> float:
+    return sum(e.stat().st_size for e in os.scandir(path) if e.is_file()) / 2**20
+
+
+def _redis_mb(url: str | None) -> float:
+    if not url:
+        return float("nan")
+    import redis
+
+    try:
+        return redis.Redis.from_url(url).info("memory")["used_memory"] / 2**20
+    except Exception:
+        return float("nan")
+
+
 def _q(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -63,9 +81,11 @@ async def _drive(url: str, args) -> dict:
     latencies: list[float] = []
     errors: Counter[str] = Counter()
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=120) as client:
+        formats = {"b64_json": ["b64_json"], "url": ["url"], "mix": ["b64_json", "url"]}[args.response_format]
 
         async def one(i: int) -> None:
-            body = {"prompt": f"load test prompt {i % 97}", "seed": i % 1000}
+            fmt = formats[i % len(formats)]
+            body = {"prompt": f"load test prompt {i % 97}", "seed": i % 1000, "response_format": fmt}
             t0 = time.perf_counter()
             try:
                 r = await client.post("/v1/argusdiff/generations", json=body)
@@ -128,6 +148,20 @@ def main() -> int:
     ap.add_argument("--redis", help="redis URL, or 'auto' to start a redis-server and worker processes")
     ap.add_argument("--result-ttl", type=float, help="[service] result_ttl_s of the server (soak: keep it short)")
     ap.add_argument("--rss-every", type=float, default=60.0, help="print the server's RSS this often (s)")
+    ap.add_argument(
+        "--image",
+        choices=["tiny", "full"],
+        default="tiny",
+        help="stand-in images: 8x8 (tiny) or the requested size with a real image's bytes (full)",
+    )
+    ap.add_argument("--size", help="the one image size served (WxH), e.g. 1024x1024")
+    ap.add_argument(
+        "--response-format",
+        choices=["b64_json", "url", "mix"],
+        default="b64_json",
+        help="what the clients ask for (mix: alternate)",
+    )
+    ap.add_argument("--result-memory-mb", type=float, help="[service] result_memory_mb of the server")
     args = ap.parse_args()
 
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
@@ -139,6 +173,13 @@ def main() -> int:
     )
     if args.result_ttl:
         env["ARGUSDIFF_SERVICE__RESULT_TTL_S"] = str(args.result_ttl)
+    if args.result_memory_mb:
+        env["ARGUSDIFF_SERVICE__RESULT_MEMORY_MB"] = str(args.result_memory_mb)
+    if args.size:
+        env["ARGUSDIFF_SERVICE__SIZES"] = f'["{args.size}"]'
+    env["ARGUSDIFF_SERVICE__STAND_IN_IMAGE"] = f'"{args.image}"'
+    images = tempfile.mkdtemp(prefix="load-images-")
+    env["ARGUSDIFF_SERVICE__IMAGE_PATH"] = images
     procs: list[subprocess.Popen] = []
     tmp = None
     port = _free_port()
@@ -181,6 +222,7 @@ def main() -> int:
                 raise SystemExit("server did not become ready")
             time.sleep(0.2)
         rss0 = _rss_mb(server.pid)
+        redis0 = _redis_mb(redis_url)
         stop_rss = threading.Event()
 
         def sample_rss() -> None:
@@ -203,6 +245,11 @@ def main() -> int:
         print(f"  latency (200s): p50 {1000 * res['p50']:.1f} ms, p99 {1000 * res['p99']:.1f} ms")
         print(f"  statuses {res['statuses']}, client errors {res['errors']}, unanswered {lost}")
         print(f"  server RSS: {rss0:.0f} MiB at start, {rss1:.0f} MiB at end")
+        metrics = httpx.get(f"{url}/metrics").text
+        held = next(ln.split()[-1] for ln in metrics.splitlines() if ln.startswith("argusdiff_result_memory_bytes"))
+        print(f"  router result memory {float(held) / 2**20:.0f} MiB; image store {_dir_mb(images):.0f} MiB on disk")
+        if redis_url:
+            print(f"  redis used_memory: {redis0:.0f} MiB at start, {_redis_mb(redis_url):.0f} MiB at end")
         return 0
     finally:
         for p in reversed(procs):  # workers and server first, redis last
@@ -215,6 +262,7 @@ def main() -> int:
                 p.wait()
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(images, ignore_errors=True)
 
 
 if __name__ == "__main__":

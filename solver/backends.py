@@ -60,10 +60,36 @@ def check_backend(name: str) -> str:
 def _highspy():
     mod = _state["highs"]
     if mod is None:
-        import highspy
+        with _lock:
+            if _state["highs"] is None:
+                import highspy
 
-        _state["highs"] = mod = highspy
+                _quiet_first_highs(highspy)
+                _state["highs"] = highspy
+            mod = _state["highs"]
     return mod
+
+
+def _quiet_first_highs(highspy) -> None:
+    """Build one ``Highs`` with file descriptor 1 pointed at /dev/null: HiGHS prints its banner
+    from C++ on the first construction in a process, before ``output_flag`` can be set, and it
+    would land in the middle of a command's output (``argusdiff plan --json``)."""
+    import os
+    import sys
+
+    try:
+        sys.stdout.flush()
+        saved = os.dup(1)
+    except (OSError, ValueError):  # no usable stdout: nothing to protect
+        highspy.Highs()
+        return
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 1)
+            highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def gurobi_available() -> bool:
@@ -156,14 +182,12 @@ def _as_csc(A):
     return sparse.csc_matrix(A)
 
 
-def _solve_highs(
-    c, A, row_lo, row_hi, col_lo, col_hi, integrality, sense, time_limit_s, presolve: bool = True
-) -> SolveResult:
+def highs_lp(c, A, row_lo, row_hi, col_lo, col_hi, sense: str):
+    """A ``highspy.HighsLp`` of the matrix-form problem (see the module doc)."""
     hs = _highspy()
     m = _as_csc(A)
     lp = hs.HighsLp()
-    n_cols = len(c)
-    lp.num_col_ = n_cols
+    lp.num_col_ = len(c)
     lp.num_row_ = m.shape[0]
     lp.col_cost_ = np.asarray(c, dtype=np.float64)
     lp.col_lower_ = np.asarray(col_lo, dtype=np.float64)
@@ -175,6 +199,14 @@ def _solve_highs(
     lp.a_matrix_.index_ = m.indices.astype(np.int32)
     lp.a_matrix_.value_ = m.data.astype(np.float64)
     lp.sense_ = hs.ObjSense.kMaximize if sense == "max" else hs.ObjSense.kMinimize
+    return lp
+
+
+def _solve_highs(
+    c, A, row_lo, row_hi, col_lo, col_hi, integrality, sense, time_limit_s, presolve: bool = True
+) -> SolveResult:
+    hs = _highspy()
+    lp = highs_lp(c, A, row_lo, row_hi, col_lo, col_hi, sense)
     integ = np.asarray(integrality, dtype=bool)
     if integ.any():
         lp.integrality_ = [hs.HighsVarType.kInteger if v else hs.HighsVarType.kContinuous for v in integ]

@@ -106,8 +106,22 @@ def service_settings(profile: str = "sm-a100", **service: object):
         "port": 0,
         "policy": "argus",
     }
+    base.setdefault("image_path", _images_dir())
     base.update(service)
     return Settings.model_validate({"profile": profile, "service": base, "solver": {"backend": "highs"}})
+
+
+def _images_dir() -> str:
+    """One temporary image store folder per test process (never the user's ~/.cache)."""
+    global _IMAGES
+    if _IMAGES is None:
+        import tempfile
+
+        _IMAGES = tempfile.mkdtemp(prefix="argusdiff-test-images-")
+    return _IMAGES
+
+
+_IMAGES: str | None = None
 
 
 def demo_model_settings(models_dir: str, cache_path, *, policy: str = "nirvana", workers: int = 1, **cache: object):
@@ -141,15 +155,12 @@ class LiveServer:
     def __init__(self, service, port: int | None = None) -> None:
         import threading
 
-        import uvicorn
-
-        from argusdiff.service.api import create_app
+        from argusdiff.service.api import make_server
 
         self.service = service
         self.port = port or free_port()
-        self.app = create_app(service)
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
-        self.server = uvicorn.Server(config)
+        self.server = make_server(service, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
+        self.app = self.server.config.app
         self.thread = threading.Thread(target=self.server.run, name="uvicorn-test", daemon=True)
 
     @property
@@ -176,7 +187,10 @@ class LiveServer:
         raise RuntimeError("the test server did not become ready")
 
     def stop(self) -> None:
-        self.server.should_exit = True
+        """As SIGTERM does: stop accepting, drain (bounded by drain_timeout_s), stop."""
+        import signal
+
+        self.server.handle_exit(signal.SIGTERM, None)
         self.thread.join(30)
 
 

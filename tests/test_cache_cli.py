@@ -76,9 +76,9 @@ def test_clear_needs_yes_without_a_terminal(filled, capsys, monkeypatch):
 
 def test_path_option_and_bad_config(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("ARGUSDIFF_CACHE__PATH", raising=False)
+    LatentCache.from_config(CacheConfig(path=str(tmp_path / "other"))).close()  # an empty cache
     assert main(["cache", "stats", "--path", str(tmp_path / "other"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["prompts"] == 0
-    assert (tmp_path / "other" / "index" / "index.sqlite").is_file()
     monkeypatch.setenv("ARGUSDIFF_CACHE__INDEX", "faiss")
     assert main(["cache", "stats", "--path", str(tmp_path / "other")]) == 2
     assert "cache.index" in capsys.readouterr().err
@@ -127,3 +127,22 @@ def test_stats_works_while_another_writer_holds_the_cache(filled, capsys):
         assert json.loads(capsys.readouterr().out)["prompts"] == 3
         assert main(["cache", "verify"]) == 2
         assert "in use by another process" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("action", [["stats"], ["ls"], ["verify"], ["clear", "--yes"]])
+def test_reading_commands_refuse_a_path_that_is_not_a_cache(action, tmp_path, capsys, monkeypatch):
+    """A typo in --path exits 2 naming the option, and creates nothing (it used to create an
+    empty cache and report 0 prompts)."""
+    monkeypatch.delenv("ARGUSDIFF_CACHE__PATH", raising=False)
+    typo = tmp_path / "typo"
+    assert main(["cache", *action, "--path", str(typo)]) == 2
+    err = capsys.readouterr().err
+    assert "--path" in err and "not a latent cache" in err and str(typo) in err
+    assert not typo.exists()
+    (tmp_path / "plain").mkdir()  # an existing folder that holds no cache
+    assert main(["cache", *action, "--path", str(tmp_path / "plain")]) == 2
+    assert "no index/index.sqlite, blobs" in capsys.readouterr().err
+    assert list((tmp_path / "plain").iterdir()) == []
+    monkeypatch.setenv("ARGUSDIFF_CACHE__PATH", str(typo))  # from the settings, not the option
+    assert main(["cache", *action]) == 2
+    assert "[cache] path" in capsys.readouterr().err

@@ -181,3 +181,71 @@ def test_cli_generated_side_from_prompts(tmp_path, capsys, demo_models_dir, monk
     assert Discriminator.load(tmp_path / "d").meta.light == "sd-light"
     assert main([*argv[:5], "--out", str(tmp_path / "e")]) == 2  # --prompts without --profile
     assert "--profile" in capsys.readouterr().err
+
+
+def _imagenet_checkpoint(tmp_path):
+    """A 1000-class test_efficientnet saved as an ImageNet-style checkpoint (.safetensors and .pth)."""
+    import timm
+    import torch
+    from safetensors.torch import save_file
+
+    torch.manual_seed(123)
+    net = timm.create_model("test_efficientnet", pretrained=False)  # 1000 classes, as ImageNet weights
+    state = {k: v.contiguous() for k, v in net.state_dict().items()}
+    save_file(state, str(tmp_path / "in1k.safetensors"))
+    folder = tmp_path / "snapshot"
+    folder.mkdir()
+    torch.save(state, folder / "pytorch_model.bin")
+    return state, tmp_path / "in1k.safetensors", folder
+
+
+def test_new_discriminator_from_local_pretrained_weights(tmp_path):
+    """DiffServe fine-tunes an ImageNet-pretrained EfficientNet-V2: the backbone starts from the
+    local weights, the two-class head is new; the weights' file is recorded in the saved model."""
+    import torch
+
+    state, file, folder = _imagenet_checkpoint(tmp_path)
+    for source in (file, folder):
+        disc = Discriminator.new("test_efficientnet", image_size=32, pretrained=source)
+        got = disc.model.state_dict()
+        backbone = [k for k in state if not k.startswith("classifier.")]
+        assert backbone and all(torch.equal(got[k], state[k]) for k in backbone)
+        assert got["classifier.weight"].shape[0] == 2 and state["classifier.weight"].shape[0] == 1000
+        assert disc.meta.pretrained is not None and disc.meta.pretrained.endswith((".safetensors", ".bin"))
+    random = Discriminator.new("test_efficientnet", image_size=32)
+    assert random.meta.pretrained is None
+    assert not torch.equal(random.model.state_dict()["conv_stem.weight"], state["conv_stem.weight"])
+    disc.save(tmp_path / "saved")
+    assert Discriminator.load(tmp_path / "saved").meta.pretrained == disc.meta.pretrained
+    with pytest.raises(ClassifierInputError, match="no such file"):
+        Discriminator.new("test_efficientnet", pretrained=tmp_path / "missing.safetensors")
+    with pytest.raises(ClassifierInputError, match="pretrained weights"):
+        Discriminator.new("tf_efficientnetv2_b0", image_size=32, pretrained=file)  # another architecture
+
+
+def test_training_starts_from_pretrained_weights(tmp_path, capsys):
+    import json
+
+    from PIL import Image
+
+    from argusdiff.cli import main
+
+    _, file, _ = _imagenet_checkpoint(tmp_path)
+    for kind in ("real", "generated"):
+        d = tmp_path / kind
+        d.mkdir()
+        for i, arr in enumerate(synthetic_images(8, kind, seed=5)):
+            Image.fromarray(arr).save(d / f"{i}.png")
+    argv = ["train-discriminator", "--real", str(tmp_path / "real"), "--generated", str(tmp_path / "generated")]
+    argv += ["--variant", "test_efficientnet", "--image-size", "32", "--epochs", "1", "--no-progress", "--json"]
+    assert main([*argv, "--out", str(tmp_path / "d"), "--pretrained", str(file)]) == 0
+    capsys.readouterr()
+    assert Discriminator.load(tmp_path / "d").meta.pretrained == str(file)
+    assert main([*argv, "--out", str(tmp_path / "e"), "--pretrained", str(tmp_path / "nope.pth")]) == 2
+    err = capsys.readouterr().err
+    assert "--pretrained" in err and "nope.pth" in err
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[classifier]\ndiscriminator_pretrained = "{file}"\n')
+    assert main([*argv, "--out", str(tmp_path / "f"), "--config", str(cfg)]) == 0
+    assert json.loads(capsys.readouterr().out)["n_train"] > 0
+    assert Discriminator.load(tmp_path / "f").meta.pretrained == str(file)

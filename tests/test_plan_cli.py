@@ -63,8 +63,7 @@ def test_plan_formulations_agree(capsys, formulation):
         "--json",
         "--formulation",
         formulation,
-        "--backend",
-        "highs",
+        *(["--backend", "highs"] if formulation != "exact" else []),  # exact solves without a MILP backend
         "--affinity",
         "sd-xl=1,tiny-sd=1",
     )
@@ -157,3 +156,51 @@ def test_plan_zero_gpus(capsys):
     assert code == 0
     data = json.loads(out)
     assert data["saturated"] and data["shortfall_qpm"] == 10
+
+
+def test_backend_flag_is_honoured(capsys):
+    """`--backend highs` solves with HiGHS (it used to print "via exact": the flag was ignored)."""
+    base = ["--profile", "sdxl-ac-a100", "--gpus", "8", "--load-qpm", "120"]
+    code, out, _ = run(capsys, *base, "--backend", "highs")
+    assert code == 0
+    assert out.splitlines()[0].split(";")[1].split(",")[0].strip() == "aggregated formulation via highs"
+    code, out, _ = run(capsys, *base, "--backend", "highs", "--json")
+    assert code == 0
+    got = json.loads(out)  # nothing else on stdout (HiGHS prints a banner on its first use)
+    assert got["backend"] == "highs" and got["formulation"] == "aggregated"
+    code, out, _ = run(capsys, *base, "--json")
+    default = json.loads(out)
+    assert default["backend"] == "exact" and default["counts"] == got["counts"]
+    code, out, _ = run(capsys, *base, "--backend", "highs", "--formulation", "paper", "--json")
+    assert code == 0 and json.loads(out)["backend"] == "highs"
+    code, _, err = run(capsys, *base, "--backend", "highs", "--formulation", "exact")
+    assert code == 2 and "--backend" in err and "exact formulation" in err
+    current = ",".join(["sdxl-k25"] * 8)
+    code, out, _ = run(capsys, *base, "--backend", "highs", "--formulation", "exact", "--current", current, "--json")
+    assert code == 0 and json.loads(out)["backend"] == "exact+highs"
+    code, out, _ = run(capsys, "--profile", "cascade-sdturbo-sdv15", "--gpus", "16", "--load-qpm", "1200",
+                       "--backend", "highs", "--json")  # fmt: skip
+    assert code == 0 and json.loads(out)["backend"] == "highs"
+
+
+def test_readme_plan_example_is_current_and_not_saturated():
+    """README.md shows a normal plan: its command, run now, prints the README's output (but the
+    solve time)."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    block = readme.split("<!-- plan-example -->")[1].split("<!-- /plan-example -->")[0]
+    lines = block.strip().strip("`").strip().splitlines()
+    command, shown = lines[0], lines[1:]
+    assert command.startswith("$ argusdiff plan ")
+    proc = subprocess.run(
+        [sys.executable, "-m", "argusdiff", *command.split()[2:]], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+
+    def timeless(text: str) -> str:
+        return re.sub(r"\d+(\.\d+)? ms", "<t> ms", text)
+
+    assert timeless(proc.stdout).splitlines() == [timeless(x) for x in shown]
+    assert "SATURATED" not in proc.stdout and "saturated" not in proc.stdout

@@ -173,11 +173,13 @@ def test_proteus_and_sommelier_pay_model_loads(profiles, all_profiles_workload):
 def test_sommelier_decides_per_gpu_from_its_own_load(profiles):
     sm = profiles["sm"]
     pol = make_policy("sommelier", sm, rng=np.random.default_rng(0))
-    pol.sent = {"w0": 200, "w1": 1}
+    # what route() recorded in the period: (worker, send time), drained by plan()
+    pol.sent.extend([("w0", i * 0.3) for i in range(200)] + [("w1", 30.0)])
     stats = ClusterStats(now_s=60.0, period_s=60.0, arrivals=201, workers=("w0", "w1"))
     plan = pol.plan(stats)
     assert plan.assignment["w1"] == sm.best.id
     assert sm.index(plan.assignment["w0"]) > 0
+    assert not pol.sent  # drained: the next period counts afresh
 
 
 def test_argus_plus_admission_beats_argus_under_bursts(profiles, all_profiles_workload):

@@ -17,6 +17,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 @pytest.fixture(scope="module")
+def sm():
+    """The per-GPU-table reading of the SM ladder, where the small models are fast enough to mix
+    with the AC levels (with sm-a100's ARGUS Table 2 latencies every SM level but Tiny-SD is
+    dominated by an AC level, docs/policies.md)."""
+    from argusdiff.profile import load_profile
+
+    return load_profile("sm-a100-gputable")
+
+
+@pytest.fixture(scope="module")
 def mixed(ac, sm):
     return merged_ladder(ac, sm)
 

@@ -6,7 +6,15 @@ import pytest
 
 from argusdiff.config import PredictorConfig
 from argusdiff.errors import ConfigError
-from argusdiff.predictors import AffinityHistogram, EwmaDemand
+from argusdiff.predictors import (
+    DEFAULT_PREDICTOR,
+    PREDICTORS,
+    AffinityHistogram,
+    DemandPredictor,
+    EwmaDemand,
+    PredictorSpec,
+    predictor_spec,
+)
 
 
 def test_ewma_recursion():
@@ -44,8 +52,8 @@ def test_ewma_window_weights():
     assert e.update(200) == pytest.approx((0.5 * 200 + 0.25 * 100) / 0.75)
 
 
-def test_ewma_arrivals_and_config():
-    e = EwmaDemand.from_config(PredictorConfig(ewma_alpha=0.25, demand_window=4))
+def test_ewma_arrivals():
+    e = EwmaDemand(alpha=0.25, window=4)
     assert e.alpha == 0.25 and e.window == 4
     assert e.update_arrivals(30, 10.0) == 180.0
     with pytest.raises(ConfigError, match="period_s"):
@@ -96,3 +104,107 @@ def test_histogram_errors_and_config():
         AffinityHistogram(["x"], window=0)
     assert AffinityHistogram.shares_of({"x": 3, "y": 1}, ["x", "y"]) == (0.75, 0.25)
     assert AffinityHistogram.shares_of({}, ["x", "y"]) == (0.5, 0.5)
+
+
+# ---- the demand predictor ------------------------------------------------------------------
+
+
+def _minute(per_second: list[int]) -> tuple[int, tuple[int, ...]]:
+    return sum(per_second), tuple(per_second)
+
+
+def test_peak_reads_the_highest_10s_rate_of_the_last_minute():
+    p = DemandPredictor("peak")
+    # one minute: 50 s quiet at 1 req/s, then 10 s at 5 req/s (a burst)
+    total, bins = _minute([1] * 50 + [5] * 10)
+    p.observe(total, 60.0, bins, 1.0)
+    assert p.estimate == pytest.approx(300.0)  # 5 req/s = 300 QPM
+    assert p.predicted == p.estimate  # margin 1
+    # the mean reading of the same minute is the minute's rate
+    e = DemandPredictor("ewma")
+    e.observe(total, 60.0, bins, 1.0)
+    assert e.estimate == pytest.approx(100.0)
+    # a quiet minute later the burst has left the window
+    total, bins = _minute([1] * 60)
+    p.observe(total, 60.0, bins, 1.0)
+    assert p.estimate == pytest.approx(60.0)
+
+
+def test_readings_without_sub_period_bins_use_the_period_rate():
+    p = DemandPredictor("peak")
+    p.observe(120, 60.0)  # no bins: 120 QPM spread over the minute's six 10 s bins
+    assert p.estimate == pytest.approx(120.0)
+
+
+def test_quantile_and_margin():
+    spec = predictor_spec("quantile:q=0.5,window=50s,bin=10s,margin=1.2")
+    assert spec == PredictorSpec(kind="quantile", bin_s=10.0, window_s=50.0, q=0.5, margin=1.2)
+    p = DemandPredictor(spec)
+    for rate_per_s in (1, 2, 3, 4, 5):
+        p.observe(rate_per_s * 10, 10.0)
+    assert p.estimate == pytest.approx(180.0)  # median of 60..300 QPM
+    assert p.predicted == pytest.approx(216.0)
+    p.observe(100, 10.0)  # 600 QPM; the oldest bin (60) leaves the 5-bin window
+    assert p.estimate == pytest.approx(240.0)
+
+
+def test_incomplete_bins_wait_for_the_rest_of_the_bin():
+    p = DemandPredictor("peak")  # 10 s bins
+    p.observe(2, 1.0)  # 1 s of a 10 s bin: only the rate so far is known
+    assert p.estimate == pytest.approx(120.0)
+    for _ in range(9):
+        p.observe(0, 1.0)
+    assert p.estimate == pytest.approx(12.0)  # the bin closed: 2 arrivals in 10 s
+
+
+def test_diffserve_artifact_reading_is_pandas_ewm_com_2_1_over_20_positive_samples():
+    spec = PREDICTORS["diffserve-artifact"]
+    assert spec.bin_s == 1.0 and spec.window_bins == 20 and spec.skip_idle and spec.margin == 1.05
+    p = DemandPredictor(spec)
+    samples = [3, 0, 5, 2, 0, 0, 7, *range(1, 25)]
+    for c in samples:
+        p.observe(c, 1.0, (c,), 1.0)
+    # pandas: df.ewm(com=2.1).mean() (adjust=True) over the last 20 non-zero samples, per second
+    kept = [c * 60.0 for c in samples if c > 0][-20:]
+    a = 1.0 / 3.1
+    w = [(1 - a) ** k for k in range(len(kept))][::-1]
+    expect = sum(x * y for x, y in zip(kept, w, strict=True)) / sum(w)
+    assert p.estimate == pytest.approx(expect)
+    assert p.predicted == pytest.approx(expect * 1.05)
+
+
+def test_state_round_trips_through_json_and_continues_identically():
+    import json
+
+    for name in PREDICTORS:
+        a = DemandPredictor(name)
+        for k in range(37):
+            a.observe((k * 7) % 11, 1.0, ((k * 7) % 11,), 1.0)
+        b = DemandPredictor.from_state(json.loads(json.dumps(a.state())))
+        assert b.state() == a.state() and b.predicted == a.predicted
+        for k in range(25):
+            a.observe(k % 5, 1.0, (k % 5,), 1.0)
+            b.observe(k % 5, 1.0, (k % 5,), 1.0)
+            assert b.predicted == pytest.approx(a.predicted)
+    with pytest.raises(ConfigError, match="predictor state"):
+        DemandPredictor.from_state({"bins": []})
+
+
+def test_predictor_specs_and_errors():
+    assert predictor_spec(None) == PREDICTORS[DEFAULT_PREDICTOR]
+    assert predictor_spec("peak:margin=1.1").margin == 1.1
+    assert predictor_spec({"kind": "ewma", "alpha": 0.3, "bin_s": 5.0}).alpha == 0.3
+    assert predictor_spec("ewma:bin=1m,window=5m").window_bins == 5
+    for bad, match in (
+        ("median", "unknown reading"),
+        ("peak:margin=0.9", "margin"),
+        ("peak:window=5s", "window"),
+        ("peak:colour=red", "bad option"),
+        ("peak:bin=fast", "not a duration"),
+        ("quantile:q=2", "q:"),
+    ):
+        with pytest.raises(ConfigError, match=match):
+            predictor_spec(bad)
+    assert PredictorConfig().demand == DEFAULT_PREDICTOR
+    with pytest.raises(ValueError, match="unknown reading"):
+        PredictorConfig(demand="median")

@@ -19,8 +19,12 @@ def test_shipped_profiles_are_listed_and_load():
     for name in list_profiles():
         profile = load_profile(name)
         assert profile.name == name
-        qpm = profile.peak_qpms()
-        assert list(qpm) == sorted(qpm), "levels are ordered slowest first"
+        if profile.unified:  # one plan over several kinds of path: ordered by quality only
+            q = profile.qualities()
+            assert list(q) == sorted(q, reverse=True), "levels are ordered best first"
+        else:
+            qpm = profile.peak_qpms()
+            assert list(qpm) == sorted(qpm), "levels are ordered slowest first"
         assert profile.levels[0].quality == 1.0
 
 
@@ -188,3 +192,12 @@ def test_latency_interpolates_between_profiled_batches():
     assert level.latency(3) == pytest.approx((0.15 + 0.22) / 2)
     assert level.latency(64) == pytest.approx(1.56 * 2)
     assert level.throughput_qpm(32) == pytest.approx(60 * 32 / 1.56)
+
+
+def test_time_scaled_profile_scales_every_time_and_throughput(sm):
+    fast = sm.time_scaled(0.05)
+    for lv, f in zip(sm.levels, fast.levels, strict=True):
+        assert f.latency(1) == pytest.approx(lv.latency(1) * 0.05)
+        assert f.load_time_s == pytest.approx(lv.load_time_s * 0.05)
+        assert f.peak_qpm == pytest.approx(lv.peak_qpm / 0.05)
+    assert fast.default_slo_s() == pytest.approx(sm.default_slo_s() * 0.05)

@@ -44,6 +44,13 @@ def test_dead_consumer_entries_are_requeued(redis_server):
     assert control.pending_by_consumer("a") == {"dead": 2}
     assert control.requeue_consumer("a", "dead") == 2
     assert control.pending("a") == 0
+
+    def names() -> set[str]:
+        return {c["name"].decode() for c in control.r.xinfo_consumers(control.keys.stream("a"), control.keys.group)}
+
+    assert "dead" in names()
+    control.drop_consumer("a", "dead")  # the control loop forgets the dead worker's consumer
+    assert "dead" not in names()
     ids = []
     while (item := alive.get("a", timeout=0.05)) is not None:
         ids.append((item.request_id, item.attempt))

@@ -22,9 +22,10 @@ def _settings(url: str, **kw):
 def _wait_workers(server, n: int, timeout: float = 30.0) -> None:
     def ok() -> bool:
         plan = server.service.router.plan
-        return plan is not None and sum(lv is not None for lv in plan.assignment.values()) >= n
+        joined = plan is not None and sum(lv is not None for lv in plan.assignment.values()) >= n
+        return joined and len(server.service.serving) >= n  # and they serve their levels (ready)
 
-    assert wait_until(ok, timeout), f"fewer than {n} workers joined the plan"
+    assert wait_until(ok, timeout), f"fewer than {n} workers joined the plan and serve a level"
 
 
 def _poll(server, gid: str, timeout: float = 60.0) -> dict:

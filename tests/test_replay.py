@@ -42,7 +42,8 @@ def test_replay_json_and_faults(capsys):
     rc = main(["replay", *SMALL, "--policies", "argus+", "--faults", "gpus:4@2m+2m", "--json", "--ablation"])
     assert rc == 0
     data = json.loads(capsys.readouterr().out)
-    assert set(data["policies"]) == {"argus+", "argus+ -admission", "argus+ -backlog", "argus+ -switch"}
+    unified = {"argus+ (unified)", *(f"argus+ (unified) -{x}" for x in ("cascades", "AC", "SM", "tiers"))}
+    assert set(data["policies"]) == {"argus+", "argus+ -admission", "argus+ -backlog", "argus+ -switch", *unified}
     assert data["provenance"]["faults"] == "gpus:4@2m+2m"
     s = data["policies"]["argus+"]
     assert s["served"] + s["dropped"] == s["requests"]
@@ -149,3 +150,69 @@ def test_replay_with_a_trained_level_classifier(tmp_path, capsys):
     assert rc == 0
     prov = json.loads(capsys.readouterr().out)["provenance"]
     assert prov["classifier"].startswith(f"trained LevelClassifier from {tmp_path / 'clf'} for sdxl-ac-a100")
+
+
+def test_replay_predictor_source_static_peak_and_cascade_baselines(capsys):
+    rc = main(
+        [
+            "replay",
+            *SMALL,
+            "--policies",
+            "argus,proteus,clipper-ha,diffserve,diffserve-static",
+            "--predictor",
+            "source",
+            "--static-peak",
+            "90",
+            "--cascade-baselines",
+            "--json",
+        ]
+    )
+    assert rc == 0
+    data = json.loads(capsys.readouterr().out)
+    pol = data["policies"]
+    assert pol["argus"]["predictor"].startswith("EWMA (alpha 0.5) of 60 s rates")
+    assert pol["proteus"]["predictor"].startswith("EWMA (alpha 0.385) of 1 s rates over 20 bins")
+    assert pol["diffserve"]["predictor"].endswith("x 1.05")
+    assert "90.0 QPM given in advance" in pol["diffserve-static"]["predictor"]
+    assert "given in advance (--static-peak)" in data["provenance"]["static_peak"]
+    # DiffServe's comparison: the ladder baselines run on the cascade's two models
+    assert pol["proteus"]["profile"] == pol["clipper-ha"]["profile"] == "cascade-sdxlltn-sdxl"
+    assert pol["argus"]["profile"] == "sdxl-ac-a100"
+
+
+def test_replay_load_fraction_scales_the_trace_to_the_cluster(capsys):
+    from argusdiff.profile import load_profile
+    from argusdiff.replay import cluster_capacity_qpm
+
+    cap = cluster_capacity_qpm(load_profile("sdxl-ac-a100"), 8)
+    assert cap == pytest.approx(8 * 60 / 2.2)
+    rc = main(["replay", *SMALL, "--policies", "clipper-ht", "--load-fraction", "0.9", "--json"])
+    assert rc == 0
+    data = json.loads(capsys.readouterr().out)
+    prov = data["provenance"]
+    assert 0.88 * cap <= prov["peak_qpm"] <= 0.9 * cap + 1e-6
+    assert "90% of the 8-worker sdxl-ac-a100 cluster's maximum" in prov["load_scaling"]
+
+
+def test_scale_to_peak_keeps_the_pattern_and_caps_the_peak():
+    from argusdiff.replay import scale_to_peak
+    from traces.trace import load_trace
+
+    tr = load_trace("bursty:low=100,high=400,period=3m,duration=12m", seed=1)
+    out = scale_to_peak(tr, 180.0)
+    assert len(out) == len(tr)
+    assert 0.99 * 180.0 <= out.peak_qpm <= 180.0
+    assert out.duration_s > tr.duration_s  # stretched, not thinned
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (["--predictor", "median"], "--predictor"),
+        (["--load-fraction", "0"], "--load-fraction"),
+        (["--static-peak", "-5"], "--static-peak"),
+    ],
+)
+def test_replay_new_options_exit_2_naming_the_option(args, option, capsys):
+    assert main(["replay", *SMALL, "--policies", "clipper-ht", *args]) == 2
+    assert option in capsys.readouterr().err

@@ -25,8 +25,10 @@ def test_health_ready_openapi_metrics(server):
     doc = httpx.get(f"{server.url}/openapi.json").json()
     assert doc["openapi"].startswith("3.")
     assert "/v1/images/generations" in doc["paths"] and "/v1/argusdiff/generations" in doc["paths"]
-    native = doc["paths"]["/v1/argusdiff/generations"]["post"]["requestBody"]["content"]["application/json"]
-    assert native["schema"]["properties"]["min_quality_level"]["enum"] == list(server.service.profile.ids)
+    ref = doc["paths"]["/v1/argusdiff/generations"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    native = doc["components"]["schemas"][ref["$ref"].rsplit("/", 1)[1]]
+    level = native["properties"]["min_quality_level"]["anyOf"][0]
+    assert level["enum"] == list(server.service.profile.ids)
     text = httpx.get(f"{server.url}/metrics").text
     assert "argusdiff_plan_version" in text and "argusdiff_workers_up 2.0" in text
 

@@ -10,7 +10,7 @@ import zlib
 import pytest
 
 from argusdiff.domain import Tier
-from argusdiff.service.dispatch import TtlDict
+from argusdiff.service.dispatch import ENTRY_OVERHEAD, ResultMemory
 from argusdiff.service.errors import ApiError
 from argusdiff.service.health import CacheHealth
 from argusdiff.service.schemas import Limits, parse_native, parse_openai
@@ -52,15 +52,25 @@ def test_rejections_name_the_field(body, param):
     assert exc.value.status == 400 and exc.value.param == param
 
 
-def test_ttl_dict_expires_in_insertion_order():
+def test_result_memory_expires_in_insertion_order():
     now = [0.0]
-    d = TtlDict(10, clock=lambda: now[0])
+    d = ResultMemory(1 << 20, 10, clock=lambda: now[0])
     d.set("a", 1)
     now[0] = 5
     d.set("b", 2)
     assert d.get("a") == 1 and len(d) == 2
     now[0] = 11
     assert d.get("a") is None and d.get("b") == 2 and len(d) == 1
+
+
+def test_result_memory_is_capped_by_bytes_oldest_first():
+    from workers.executor import WorkResult
+
+    d = ResultMemory(3 * (ENTRY_OVERHEAD + 1000), 3600)
+    for i in range(10):
+        d.set(f"r{i}", WorkResult(request_id=f"r{i}", level="a", image_png=b"x" * 1000))
+    assert len(d) == 3 and d.evicted == 7 and d.bytes <= d.max_bytes
+    assert d.get("r0") is None and d.get("r9").image_png == b"x" * 1000
 
 
 def test_cache_health_latency_errors_reset():
@@ -84,7 +94,7 @@ def test_plan_json_round_trip():
     plan = Plan(
         version=3, created_s=1.0, strategy=Strategy.AC, levels=("a", "b"), assignment={"w1": "a", "w2": None},
         share=(0.6, 0.4), pasm=((1.0, 0.0), (0.2, 0.8)), predicted_qpm=12.0, expected_quality=0.9,
-        thresholds={"a": 0.5}, batch_sizes={"a": 2}, notes=("x",),
+        thresholds={"a": 0.5}, batch_sizes={"a": 2}, notes=("x",), preload={"w1": ("b",)},
     )  # fmt: skip
     data = plan_to_dict(plan)
     assert data["counts"] == {"a": 1, "b": 0}
@@ -130,6 +140,36 @@ def test_control_loop_removes_a_silent_worker_and_moves_its_queue():
         plan = await control.tick(full=False)
         assert set(plan.assignment) == {"w1"} and set(control.alive) == {"w1"}
         assert plan.version == 2 and service.router.plan is plan
+        await service.dispatch.close()
+
+    asyncio.run(scenario())
+
+
+def test_control_loop_hands_the_demand_predictor_per_second_arrival_bins():
+    import time
+
+    from fixtures_service import service_settings
+
+    from argusdiff.service.app import Service
+
+    async def scenario():
+        service = Service(service_settings(workers=0, policy="argus"))
+        await service.dispatch.start()
+        store, control, router = service.store, service.control, service.router
+        store.beat("w1", {"level": None, "resident": ["tiny-sd"]}, ttl_s=60)
+        now = float(int(time.time()))
+        control.clock = lambda: now  # exactly one 60 s period
+        control.last_tick = now - 60.0
+        # a 10 s burst of 5 requests per second in an otherwise quiet minute
+        for sec in range(int(now) - 15, int(now) - 5):
+            router.arrival_seconds[sec] += 5
+        router.arrivals = 50
+        await control.tick()
+        demand = service.policy.demand
+        assert demand.observations == 1
+        # the peak reading sees the burst's rate, not the minute's mean of 50 QPM
+        assert demand.estimate >= 150.0 - 1e-6
+        assert not router.arrival_seconds  # taken
         await service.dispatch.close()
 
     asyncio.run(scenario())
@@ -240,3 +280,16 @@ def test_serve_defaults_to_the_demo_profile_with_its_sm_fallback(monkeypatch):
     assert (s.profile, s.service.fallback_profile, s.service.redis_url, s.service.api_keys) == (
         "sm-a100", None, "redis://h:1/0", ("k",)
     )  # fmt: skip
+
+
+def test_full_size_stand_in_png_has_a_real_images_byte_size():
+    import io
+
+    from PIL import Image
+
+    from argusdiff.service.standin import full_size_png
+
+    a, b = full_size_png("256x128"), full_size_png("256x128")
+    assert Image.open(io.BytesIO(a)).size == (256, 128)
+    assert 1.2 < len(a) / (256 * 128) < 2.2  # photographs and diffusion images: ~1.5 bytes per pixel
+    assert a == b and a is not b  # each image its own bytes, as a worker's would be

@@ -183,7 +183,8 @@ def test_argus_plus_admission_uses_the_requests_own_deadline(sm):
 
 def test_argus_plus_on_a_tiered_trace_counts_and_best_effort_by_tier(ac, sm, base_wl):
     tiers = _tiers(base_wl.n_requests, seed=1)
-    s = summarize(_run("argus+", ac, _with(base_wl, tier=tiers), sm))
+    # 6 workers: queues build past the interactive deadline (on 8 almost nothing is hopeless)
+    s = summarize(_run("argus+", ac, _with(base_wl, tier=tiers), sm, gpus=6))
     per = s["tiers"]
     assert sum(d["best_effort"] for d in per.values()) == s["best_effort"]
     assert sum(d["dropped"] for d in per.values()) == s["dropped"]

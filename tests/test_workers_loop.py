@@ -179,24 +179,36 @@ def test_unknown_level_keeps_the_worker_on_its_current_level(demo_ac):
     assert w.level == "xl-k0" and "no-such-level" in w.last_error
 
 
-def test_cascade_defers_to_the_heavy_queue(demo_registry):
+def test_cascade_deferral_is_handed_back_with_the_light_image(demo_registry):
+    """A rejected light image is published with a hand-off item for the heavy level (the router's
+    policy decides what follows, see tests/test_decision_path.py); the heavy level's redo of it
+    is marked deferred."""
     profile = load_demo_profile("demo-cpu-cascade")
     conf = iter([0.9, 0.1])
     factory = executor_factory(profile, demo_registry, judge=lambda image: next(conf), threshold=0.5)
     q = InProcessWorkQueue()
-    q.put("sd-light", WorkItem("ok", "a cat", "sd-light", seed=1))
-    q.put("sd-light", WorkItem("bad", "a dog", "sd-light", seed=2))
+    q.put("sd-light", WorkItem("ok", "a cat", "sd-light", seed=1, deadline_s=1e12, enqueue_s=5.0))
+    q.put("sd-light", WorkItem("bad", "a dog", "sd-light", seed=2, deadline_s=1e12, enqueue_s=5.0))
     light = Worker("light", q, factory, level="sd-light", batch_size=2, poll_s=0.05)
     heavy = Worker("heavy", q, factory, level="sd-heavy", poll_s=0.05)
     light.run_once()
     accepted = q.wait_result("ok", timeout=0)
     assert accepted.ok and accepted.level == "sd-light" and accepted.confidence == pytest.approx(0.9)
-    assert accepted.unet_calls == 1 and "judge_s" in accepted.timings
-    assert q.wait_result("bad", timeout=0) is None and q.qsize("sd-heavy") == 1
-    assert light.stats.handed_off == 1
+    assert accepted.unet_calls == 1 and "judge_s" in accepted.timings and accepted.handoff is None
+    rejected = q.wait_result("bad", timeout=0)
+    assert (
+        rejected.level == "sd-light" and rejected.image_png is not None
+    )  # the light image, kept if the policy says so
+    item = rejected.handoff
+    assert item is not None and item.level == "sd-heavy" and item.meta["deferred_from"] == "sd-light"
+    assert (item.request_id, item.seed, item.deadline_s, item.enqueue_s) == ("bad", 2, 1e12, 5.0)
+    assert q.qsize("sd-heavy") == 0 and light.stats.handed_off == 1 and light.stats.processed == 1
+    assert WorkResult.from_dict(rejected.to_dict()).handoff == item  # crosses Redis intact
+    q.put("sd-heavy", item)  # what the router does when the policy sends it to the heavy level
     heavy.drain()
     redone = q.wait_result("bad", timeout=0)
     assert redone.ok and redone.level == "sd-heavy" and redone.worker_id == "heavy" and redone.unet_calls == 8
+    assert redone.deferred and redone.handoff is None
 
 
 def test_plan_threshold_reaches_the_cascade_light_worker(demo_registry):
@@ -206,7 +218,7 @@ def test_plan_threshold_reaches_the_cascade_light_worker(demo_registry):
     w = Worker("light", q, factory, level="sd-light", poll_s=0.01)
     q.put("sd-light", WorkItem("a", "a cat", "sd-light", seed=1))
     w.run_once()
-    assert q.qsize("sd-heavy") == 1  # 0.5 < 0.9: deferred
+    assert q.wait_result("a", timeout=0).handoff.level == "sd-heavy"  # 0.5 < 0.9: deferred
     plan = Plan(
         version=3,
         created_s=0.0,

@@ -98,3 +98,112 @@ def test_build_executor_picks_the_strategy(tmp_path):
     assert type(build_executor(lv(Strategy.CASCADE), reg)) is ModelExecutor
     with pytest.raises(UnknownModel, match="nope"):
         build_executor(lv(Strategy.SM, model="nope"), reg)
+
+
+@pytest.mark.parametrize(
+    ("version", "keyword"),
+    [
+        ("0.30.0", "torch_dtype"),
+        ("0.39.0", "torch_dtype"),
+        ("0.40.0", "dtype"),
+        ("0.42.1", "dtype"),
+        ("1.2.0.dev0", "dtype"),
+    ],
+)
+def test_dtype_keyword_follows_the_diffusers_version(version, keyword):
+    """diffusers < 0.40 ignores `dtype=` (SD-XL would load in float32); >= 0.40 deprecates `torch_dtype`.
+    The real check at the setup.cfg floor is tests/test_diffusers_floor.py."""
+    from workers.registry import dtype_keyword
+
+    assert dtype_keyword(version) == keyword
+
+
+def _same_weights(a, b) -> bool:
+    import torch
+
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k].float(), sb[k].float()) for k in sa)
+
+
+@pytest.mark.integration
+def test_float16_is_honoured(demo_registry, demo_models_dir):
+    import torch
+
+    from workers.registry import ModelRegistry
+
+    reg = ModelRegistry(device="cpu", dtype="float16", models_dir=demo_models_dir)
+    pipe = reg.load("demo-tiny-sd").pipe
+    assert pipe.unet.dtype == torch.float16 and pipe.text_encoder.dtype == torch.float16
+    assert demo_registry.load("demo-tiny-sd").pipe.unet.dtype == torch.float32
+
+
+@pytest.mark.integration
+def test_local_folder_with_a_variant_loads(demo_registry, tmp_path):
+    """A folder saved with variant="fp16" (as a hub snapshot downloaded with that variant) has only
+    `*.fp16.safetensors` weights: the registry passes the variant for it, also on a CPU in float32."""
+    from workers.registry import ModelRegistry
+
+    base = demo_registry.load("demo-tiny-sd").pipe
+    folder = tmp_path / "tiny-sd-fp16"
+    base.save_pretrained(folder, safe_serialization=True, variant="fp16")
+    assert (folder / "unet" / "diffusion_pytorch_model.fp16.safetensors").is_file()
+    assert not (folder / "unet" / "diffusion_pytorch_model.safetensors").exists()
+    spec = {"source": str(folder), "family": "sd", "variant": "fp16", "steps": 2, "height": 64, "width": 64}
+    reg = ModelRegistry(device="cpu", models_dir=tmp_path, overrides={"mine": spec})
+    loaded = reg.load("mine")
+    assert _same_weights(loaded.pipe.unet, base.unet)
+    plain = ModelRegistry(device="cpu", models_dir=tmp_path, overrides={"mine": {**spec, "source": str(tmp_path)}})
+    with pytest.raises(Exception):  # noqa: B017 - an empty folder is no model, whatever the variant
+        plain.load("mine")
+
+
+@pytest.mark.integration
+def test_single_file_checkpoint_loads_with_from_single_file(demo_registry, tmp_path, monkeypatch):
+    """An original-layout (LDM) .safetensors loads through from_single_file, offline, with the
+    component configs of a local folder; without `config` the error says what is missing."""
+    from ldm_checkpoint import write_single_file
+
+    from workers.errors import ModelLoadError
+    from workers.registry import ModelRegistry, is_single_file
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    base = demo_registry.load("demo-tiny-sd").pipe
+    ckpt = write_single_file(base, tmp_path / "tiny-sd.safetensors")
+    assert is_single_file(str(ckpt)) and not is_single_file(str(tmp_path)) and not is_single_file("org/x.safetensors")
+    folder = demo_registry.local_path(demo_registry.spec("demo-tiny-sd"))
+    spec = {"source": str(ckpt), "family": "sd", "config": folder, "steps": 2, "height": 64, "width": 64}
+    reg = ModelRegistry(device="cpu", models_dir=tmp_path, overrides={"ckpt": spec})
+    pipe = reg.load("ckpt").pipe
+    for part in ("unet", "vae", "text_encoder"):
+        assert _same_weights(getattr(pipe, part), getattr(base, part)), part
+    from workers.pipelines import generate
+
+    a = generate(reg.load("ckpt"), ["a red cube"], [3], steps=2).images[0]
+    b = generate(demo_registry.load("demo-tiny-sd"), ["a red cube"], [3], steps=2).images[0]
+    assert a.tobytes() == b.tobytes()
+    demo = ModelRegistry(device="cpu", models_dir=tmp_path, overrides={"ckpt": {**spec, "config": "demo:tiny-sd"}})
+    assert _same_weights(demo.load("ckpt").pipe.unet, base.unet)  # a demo model's folder as the config
+    bare = ModelRegistry(device="cpu", models_dir=tmp_path, overrides={"ckpt": {**spec, "config": None}})
+    with pytest.raises(ModelLoadError, match=r"ckpt.*set `config`"):
+        bare.load("ckpt")
+
+
+def test_the_config_example_in_docs_workers_md_loads(tmp_path):
+    """The `[workers]` example of docs/workers.md is valid settings and every entry resolves (a
+    bare `[workers.models.sdxl-base-1.0]` would have been the table `sdxl-base-1` / `0`)."""
+    import re
+
+    from argusdiff.config import load_settings
+    from workers.registry import ModelRegistry
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "workers.md").read_text(encoding="utf-8")
+    blocks = [b for b in re.findall(r"```toml\n(.*?)```", doc, re.DOTALL) if "[workers" in b]
+    assert blocks
+    for block in blocks:
+        path = tmp_path / "c.toml"
+        path.write_text(block)
+        settings = load_settings(path, environ={})
+        registry = ModelRegistry.from_config(settings.workers)
+        for name in settings.workers.models:
+            assert registry.spec(name).source == settings.workers.models[name]["source"]

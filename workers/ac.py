@@ -194,6 +194,7 @@ class ApproxCacheExecutor(ModelExecutor):
                     k,
                     [seeds[i] for i in hits],
                     steps=self.level.steps,
+                    on_step=self.reporter([items[i] for i in hits], start=k),
                 )
             except LatentMismatch:
                 self.stats["mismatches"] += len(hits)
@@ -219,6 +220,7 @@ class ApproxCacheExecutor(ModelExecutor):
                 [seeds[i] for i in misses],
                 steps=self.level.steps,
                 capture=capture,
+                on_step=self.reporter([items[i] for i in misses]),
             )
             for j, i in enumerate(misses):
                 error = lookups[i]["error"]

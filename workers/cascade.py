@@ -4,8 +4,9 @@ the heavy level.
 
 Deferral has two modes:
 
-* ``inline_heavy=False`` (serving): the light worker returns a result with ``deferred=True`` and
-  no image; the worker loop hands the request to the heavy level's queue.
+* ``inline_heavy=False`` (serving): the light worker returns the light image with a ``handoff``
+  item for the heavy level; the router's policy decides (``route_heavy``): the heavy level redoes
+  the request, it is dropped, or the light image is the answer.
 * ``inline_heavy=True`` (``argusdiff generate``, benchmarks): the heavy model runs here.
 
 DiffServe's open idea, *heavy from the light latent*: when both models share a latent space
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -51,6 +53,22 @@ def load_discriminator(path: str, *, light: str | None = None, profile: str | No
     from classifiers.discriminator import Discriminator
 
     return Discriminator.load(path, light=light, profile=profile, device=device)
+
+
+def handoff_item(item: WorkItem, heavy: str, confidence: float | None) -> WorkItem:
+    """A cascade hand-off: ``item`` for the heavy level, with where it came from (its arrival,
+    ``enqueue_s``, and deadline unchanged)."""
+    return replace(
+        item,
+        level=heavy,
+        attempt=0,
+        receipt=None,
+        meta={
+            **item.meta,
+            "deferred_from": item.level,
+            "confidence": f"{confidence:.6f}" if confidence is not None else "",
+        },
+    )
 
 
 def latents_compatible(registry: ModelRegistry, light: str, heavy: str) -> bool:
@@ -94,12 +112,18 @@ class CascadeExecutor(ModelExecutor):
             raise ValueError(f"cascade threshold must be in [0, 1], got {threshold}")
         self.threshold = threshold
 
+    def handoff(self, item: WorkItem, confidence: float) -> WorkItem:
+        """The item that asks the heavy level to redo ``item`` (the router's policy decides)."""
+        return handoff_item(item, self.heavy.id, confidence)
+
     def run(self, items: Sequence[WorkItem]) -> list[WorkResult]:
         if not items:
             return []
         started = time.time()
         seeds = seeds_of(items)
-        gen = generate(self.loaded, [i.prompt for i in items], seeds, steps=self.level.steps)
+        gen = generate(
+            self.loaded, [i.prompt for i in items], seeds, steps=self.level.steps, on_step=self.reporter(items)
+        )
         t0 = time.perf_counter()
         conf = list(self.judge(gen.images))
         judge_s = time.perf_counter() - t0
@@ -123,16 +147,15 @@ class CascadeExecutor(ModelExecutor):
             else:
                 self.stats["deferred"] += 1
                 deferred.append(idx)
-                results[idx] = WorkResult(
-                    request_id=item.request_id,
-                    level=self.heavy.id,
-                    timings=timings,
-                    requested_level=item.level,
-                    seed=seeds[idx],
+                # the light image travels with the hand-off: the router's policy may keep it
+                results[idx] = self._result(
+                    item,
+                    seeds[idx],
+                    gen.images[idx],
+                    timings,
                     confidence=conf[idx],
-                    deferred=True,
                     unet_calls=gen.unet_calls,
-                    finished_s=time.time(),
+                    handoff=None if self.inline_heavy else self.handoff(item, conf[idx]),
                 )
         if deferred and self.inline_heavy:
             self._run_heavy_inline(items, seeds, gen, deferred, results)

@@ -37,9 +37,7 @@ TIMING_KEYS = ("queue_wait_s", "cache_lookup_s", "latent_fetch_s", "denoise_s", 
 class WorkItem:
     """One request queued for one level.
 
-    ``cache_ref`` optionally carries the cache entry (the cache's prompt id) the router matched,
-    for tracing; an AC worker always does its own lookup at its level's K (the entry may have been
-    evicted or repaired since). ``receipt`` is the transport's
+    An AC worker always does its own cache lookup at its level's K. ``receipt`` is the transport's
     delivery handle (e.g. a Redis stream entry id), set by ``WorkQueue.get`` and never serialised.
     """
 
@@ -49,7 +47,6 @@ class WorkItem:
     seed: int | None = None
     deadline_s: float | None = None  # absolute wall-clock deadline (time.time())
     enqueue_s: float = 0.0  # wall-clock time the item was queued
-    cache_ref: str | None = None
     attempt: int = 0  # deliveries before this one (a re-claimed item has attempt >= 1)
     meta: Mapping[str, str] = field(default_factory=dict)  # e.g. tier, cascade hand-off origin
     receipt: str | None = field(default=None, compare=False)
@@ -75,7 +72,6 @@ class WorkItem:
             "seed": self.seed,
             "deadline_s": self.deadline_s,
             "enqueue_s": self.enqueue_s,
-            "cache_ref": self.cache_ref,
             "attempt": self.attempt,
             "meta": dict(self.meta),
         }
@@ -89,7 +85,6 @@ class WorkItem:
             seed=None if data.get("seed") is None else int(data["seed"]),
             deadline_s=None if data.get("deadline_s") is None else float(data["deadline_s"]),
             enqueue_s=float(data.get("enqueue_s") or 0.0),
-            cache_ref=data.get("cache_ref"),
             attempt=int(data.get("attempt") or 0),
             meta={str(k): str(v) for k, v in (data.get("meta") or {}).items()},
             receipt=receipt,
@@ -122,10 +117,17 @@ class WorkResult:
     unet_calls: int = 0  # denoising network evaluations spent on this request
     finished_s: float = 0.0
     cache_error: str | None = None  # the cache failed (CacheUnavailable); the request ran without it
+    # router side: the image left image_png: its id in the image store, or "" when it was
+    # delivered to the client that waited and is not kept
+    image_ref: str | None = None
+    # cascade: the light image was rejected and this item asks the heavy level to redo the request;
+    # the result is not final: the router's policy decides (``route_heavy``: redo, drop, or keep
+    # the light image, which ``image_png`` carries)
+    handoff: WorkItem | None = None
 
     @property
     def ok(self) -> bool:
-        return self.error is None and self.image_png is not None
+        return self.error is None and (self.image_png is not None or self.image_ref is not None)
 
     @property
     def total_s(self) -> float:
@@ -149,6 +151,8 @@ class WorkResult:
             "unet_calls": self.unet_calls,
             "finished_s": self.finished_s,
             "cache_error": self.cache_error,
+            "image_ref": self.image_ref,
+            "handoff": None if self.handoff is None else self.handoff.to_dict(),
         }
 
     @classmethod
@@ -171,6 +175,8 @@ class WorkResult:
             unet_calls=int(data.get("unet_calls") or 0),
             finished_s=float(data.get("finished_s") or 0.0),
             cache_error=data.get("cache_error"),
+            image_ref=data.get("image_ref"),
+            handoff=None if not data.get("handoff") else WorkItem.from_dict(data["handoff"]),
         )
 
     @classmethod

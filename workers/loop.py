@@ -16,7 +16,9 @@ run it at the planned batch size, publish one result per request, and follow pla
 * Requests are never dropped for lateness here (admission is the router's job); a result of an
   item with a deadline carries ``timings["late_s"]`` (0 when on time).
 * Failures never lose a request: an executor error becomes an error result for each item of the
-  batch (``error_type`` names it); a cascade deferral is handed to the heavy level's queue.
+  batch (``error_type`` names it). A cascade deferral is published like a result, carrying the
+  light image and a ``handoff`` item for the heavy level: the router's policy decides
+  (``route_heavy``, the same call the simulator makes) whether the heavy level redoes it.
 * :meth:`Worker.stop` finishes the batch in hand; items taken but not started are returned to
   the queue (``nack``).
 """
@@ -195,30 +197,18 @@ class Worker:
             finished = result.finished_s or time.time()
             # how late the request finished (0 when on time): SLO accounting, never a drop
             result = replace(result, timings={**result.timings, "late_s": max(0.0, finished - item.deadline_s)})
-        if result.deferred and result.image_png is None and result.error is None:
-            # Cascade: the light image was rejected; the heavy level redoes the request.
-            handoff = replace(
-                item,
-                level=result.level,
-                enqueue_s=time.time(),
-                attempt=0,
-                receipt=None,
-                meta={
-                    **item.meta,
-                    "deferred_from": item.level,
-                    "confidence": f"{result.confidence:.6f}" if result.confidence is not None else "",
-                },
-            )
-            self.queue.put(result.level, handoff)
+        if item.meta.get("deferred_from") and result.error is None:
+            result = replace(result, deferred=True)  # the heavy level's redo of a cascade deferral
+        self.queue.result(item.request_id, result)
+        if result.handoff is not None:
+            # Cascade: the light image was rejected; the router's policy decides what follows
             self.stats.handed_off += 1
+        elif result.error is not None:
+            self.stats.failed += 1
         else:
-            self.queue.result(item.request_id, result)
-            if result.error is not None:
-                self.stats.failed += 1
-            else:
-                self.stats.processed += 1
-            if self.on_result is not None:
-                self.on_result(result)
+            self.stats.processed += 1
+        if self.on_result is not None and result.handoff is None:
+            self.on_result(result)
         self.queue.ack(item)
 
     def run_once(self) -> int:

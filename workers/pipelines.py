@@ -17,6 +17,7 @@ per step and multistep ones keep a history, so :func:`check_resumable` refuses t
 
 from __future__ import annotations
 
+import contextlib
 import io
 import time
 import zlib
@@ -28,6 +29,7 @@ import numpy as np
 import torch
 
 from workers.errors import LatentMismatch, UnsupportedScheduler
+from workers.progress import StepReporter
 from workers.registry import AC_SCHEDULERS, LoadedModel
 
 __all__ = [
@@ -112,10 +114,11 @@ def _sync(model: LoadedModel) -> None:
         torch.cuda.synchronize()
 
 
-def decode(model: LoadedModel, latents: torch.Tensor) -> list[Any]:
-    """Latents → PIL images with the model's VAE (fp16 SD-XL VAEs are upcast as the pipeline does)."""
+def decode(model: LoadedModel, latents: torch.Tensor, vae: Any = None) -> list[Any]:
+    """Latents → PIL images with the model's VAE (fp16 SD-XL VAEs are upcast as the pipeline does),
+    or with ``vae`` (e.g. a tiny preview decoder for partial images)."""
     pipe = model.pipe
-    vae = pipe.vae
+    vae = pipe.vae if vae is None else vae
     with model.lock, torch.inference_mode():
         upcast = vae.dtype == torch.float16 and bool(getattr(vae.config, "force_upcast", False))
         if upcast:
@@ -144,23 +147,31 @@ def generate(
     guidance: float | None = None,
     capture: Sequence[int] = (),
     decode_images: bool = True,
+    on_step: StepReporter | None = None,
 ) -> Generation:
-    """Run all N steps for a batch; with ``capture``, keep the latents after each K in it."""
+    """Run all N steps for a batch; with ``capture``, keep the latents after each K in it; with
+    ``on_step``, report every step (streamed requests, :mod:`workers.progress`)."""
     spec = model.spec
     n = steps or spec.steps
     ks = sorted({int(k) for k in capture if 0 < int(k) < n})
     if ks:
         check_resumable(model)
     captured: dict[int, torch.Tensor] = {}
+    report = on_step is not None and on_step.active
 
     def on_step_end(pipe: Any, i: int, t: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
         done = i + 1
         if done in ks:
             captured[done] = kwargs["latents"].detach().clone()
+        if report:
+            on_step.step(done, kwargs["latents"])
         return kwargs
 
     pipe = model.pipe
-    with model.lock, UnetCounter(pipe) as counter, torch.inference_mode():
+    watch = on_step.watch(pipe.scheduler) if report else contextlib.nullcontext()
+    with model.lock, UnetCounter(pipe) as counter, torch.inference_mode(), watch:
+        if report:
+            on_step.begin()
         t0 = time.perf_counter()
         out = pipe(
             list(prompts),
@@ -170,7 +181,7 @@ def generate(
             width=spec.width,
             generator=_generators(model, seeds),
             output_type="latent",
-            callback_on_step_end=on_step_end if ks else None,
+            callback_on_step_end=on_step_end if ks or report else None,
             callback_on_step_end_tensor_inputs=["latents"],
         )
         latents = out.images
@@ -211,7 +222,14 @@ def _sdxl_img2img(model: LoadedModel) -> Any:
 
 
 def _resume_sd(
-    model: LoadedModel, prompts: Sequence[str], latents: torch.Tensor, k: int, n: int, guidance: float, gens: list
+    model: LoadedModel,
+    prompts: Sequence[str],
+    latents: torch.Tensor,
+    k: int,
+    n: int,
+    guidance: float,
+    gens: list,
+    on_step: StepReporter | None = None,
 ) -> torch.Tensor:
     pipe = model.pipe
     sched = pipe.scheduler
@@ -228,7 +246,7 @@ def _resume_sd(
     if hasattr(sched, "set_begin_index"):
         sched.set_begin_index(start)
     extra = pipe.prepare_extra_step_kwargs(gens, 0.0)
-    for t in timesteps:
+    for done, t in enumerate(timesteps, start=k + 1):
         model_in = torch.cat([latents] * 2) if do_cfg else latents
         model_in = sched.scale_model_input(model_in, t)
         noise_pred = pipe.unet(
@@ -244,6 +262,8 @@ def _resume_sd(
             uncond, text = noise_pred.chunk(2)
             noise_pred = uncond + guidance * (text - uncond)
         latents = sched.step(noise_pred, t, latents, **extra, return_dict=False)[0]
+        if on_step is not None:
+            on_step.step(done, latents)
     return latents
 
 
@@ -257,8 +277,10 @@ def resume(
     steps: int | None = None,
     guidance: float | None = None,
     decode_images: bool = True,
+    on_step: StepReporter | None = None,
 ) -> Generation:
-    """Continue latents captured after ``k`` of N steps for ``prompts``: runs exactly N−K steps."""
+    """Continue latents captured after ``k`` of N steps for ``prompts``: runs exactly N−K steps
+    (``on_step`` reports steps K+1..N)."""
     spec = model.spec
     n = steps or spec.steps
     if not 0 < k < n:
@@ -269,8 +291,11 @@ def resume(
         raise LatentMismatch(f"{lat.shape[0]} latents for {len(prompts)} prompts")
     g = spec.guidance if guidance is None else guidance
     gens = _generators(model, seeds)
+    report = on_step if on_step is not None and on_step.active else None
     with model.lock, UnetCounter(model.pipe) as counter, torch.inference_mode():
         t0 = time.perf_counter()
+        if report is not None:
+            report.begin()
         if spec.family == "sdxl":
             img2img = _sdxl_img2img(model)
             img2img.scheduler.set_timesteps(n)
@@ -283,18 +308,27 @@ def resume(
                     f"model {spec.name!r}: the scheduler's timesteps do not split at K={k} of N={n} "
                     f"({remaining} steps would remain); use timestep_spacing 'leading' or 'trailing'"
                 )
-            out = img2img(
-                list(prompts),
-                image=lat,
-                num_inference_steps=n,
-                denoising_start=start,
-                guidance_scale=g,
-                generator=gens,
-                output_type="latent",
-            )
+
+            def on_step_end(pipe: Any, i: int, t: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+                report.step(k + i + 1, kwargs["latents"])  # type: ignore[union-attr]
+                return kwargs
+
+            with report.watch(img2img.scheduler) if report is not None else contextlib.nullcontext():
+                out = img2img(
+                    list(prompts),
+                    image=lat,
+                    num_inference_steps=n,
+                    denoising_start=start,
+                    guidance_scale=g,
+                    generator=gens,
+                    output_type="latent",
+                    callback_on_step_end=on_step_end if report is not None else None,
+                    callback_on_step_end_tensor_inputs=["latents"],
+                )
             final = out.images
         else:
-            final = _resume_sd(model, prompts, lat, k, n, g, gens)
+            with report.watch(model.pipe.scheduler) if report is not None else contextlib.nullcontext():
+                final = _resume_sd(model, prompts, lat, k, n, g, gens, report)
         _sync(model)
         denoise_s = time.perf_counter() - t0
     gen = Generation(latents=final, unet_calls=counter.calls, denoise_s=denoise_s)

@@ -1,11 +1,27 @@
 """The model registry: what a level's ``model`` name means and how its pipeline is loaded.
 
-A :class:`ModelSpec` names a diffusers model (hub id or local folder), its pipeline family
+A :class:`ModelSpec` names a diffusers model (hub id, local folder, or one single-file checkpoint),
+its pipeline family
 (``sd`` for SD-1.x/2.x-style UNets with one CLIP text encoder, ``sdxl`` for SD-XL-style with two),
 the scheduler to run (class name + config overrides; ``None`` keeps the model's own), the default
 number of steps, guidance scale and resolution. :class:`ModelRegistry` loads pipelines with
 ``from_pretrained`` (fp16 and the GPU when one is present, fp32 on CPU), keeps the loaded ones
 per worker (least recently used evicted beyond ``max_loaded``) and records every load time.
+
+Sources, and how each loads:
+
+* a hub id (``stabilityai/stable-diffusion-xl-base-1.0``): ``from_pretrained``, with the spec's
+  ``variant`` (``fp16`` weight files) when loading in float16;
+* a local folder in the diffusers layout (``model_index.json``): ``from_pretrained``, with the
+  spec's ``variant`` whenever the folder holds weight files of that variant (a hub snapshot
+  downloaded with ``variant="fp16"`` has only those);
+* one checkpoint file (``.safetensors``, ``.ckpt``, ...; the original Stable Diffusion layout):
+  ``from_single_file``, with the component configs of the spec's ``config`` folder or hub id (a
+  local folder keeps it offline; without one diffusers infers the model and fetches its configs).
+
+The weights' dtype goes to diffusers under the keyword the installed version understands
+(:func:`dtype_keyword`): ``dtype`` since diffusers 0.40, ``torch_dtype`` before it. diffusers
+before 0.40 silently ignores ``dtype=`` and loads float32 (SD-XL at twice the memory).
 
 Sources starting with ``demo:`` are tiny random-weight pipelines built from configs by
 :mod:`workers.demo` into ``models_dir`` on first use, then loaded back through the same
@@ -17,6 +33,7 @@ No torch at import time: the loading code imports torch and diffusers inside fun
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -33,10 +50,16 @@ __all__ = [
     "ModelRegistry",
     "ModelSpec",
     "default_models_dir",
+    "dtype_keyword",
+    "is_single_file",
     "resolve_device",
 ]
 
 Family = Literal["sd", "sdxl"]
+
+#: Suffixes of single-file checkpoints (loaded with ``from_single_file``).
+SINGLE_FILE_SUFFIXES = (".safetensors", ".ckpt", ".pt", ".pth", ".bin")
+_WEIGHT_SUFFIXES = (".safetensors", ".bin")
 
 #: Schedulers that are first-order and deterministic: a trajectory captured after K steps can be
 #: resumed exactly (approximate caching). Ancestral/SDE and multistep (history) schedulers cannot.
@@ -46,7 +69,7 @@ AC_SCHEDULERS = frozenset({"DDIMScheduler", "EulerDiscreteScheduler"})
 @dataclass(frozen=True, slots=True)
 class ModelSpec:
     name: str
-    source: str  # hub id, local folder, or "demo:<tiny-sd|tiny-sdxl>"
+    source: str  # hub id, local folder, single checkpoint file, or "demo:<tiny-sd|tiny-sdxl>"
     family: Family
     scheduler: str | None = None  # diffusers scheduler class name; None keeps the model's own
     scheduler_kwargs: Mapping[str, Any] = field(default_factory=dict)
@@ -54,8 +77,10 @@ class ModelSpec:
     guidance: float = 7.5
     height: int = 512
     width: int = 512
-    variant: str | None = None  # e.g. "fp16" weights on the hub (used only when loading in fp16)
+    variant: str | None = None  # e.g. "fp16" weight files (hub: loading in fp16; local folder: when present)
     unet_weights: str | None = None  # "<hub repo>/<file>.safetensors" replacing the UNet (distilled models)
+    config: str | None = None  # single-file checkpoints: diffusers folder or hub id with the component configs
+    preview_decoder: str | None = None  # partial images: TAESD-style id/folder, "vae"; None: by family
     description: str = ""
 
     def with_overrides(self, overrides: Mapping[str, Any]) -> ModelSpec:
@@ -221,6 +246,32 @@ def default_models_dir() -> Path:
     return Path(base) / "argusdiff" / "models"
 
 
+def dtype_keyword(version: str | None = None) -> str:
+    """The ``from_pretrained``/``from_single_file`` keyword for the weights' dtype in diffusers
+    ``version`` (default: the installed one): ``dtype`` since 0.40 (which deprecates
+    ``torch_dtype``), ``torch_dtype`` before (where ``dtype`` is silently ignored)."""
+    if version is None:
+        import diffusers
+
+        version = diffusers.__version__
+    major, minor = (int(part) for part in re.findall(r"\d+", version)[:2])
+    return "dtype" if (major, minor) >= (0, 40) else "torch_dtype"
+
+
+def is_single_file(source: str) -> bool:
+    """True when ``source`` is one checkpoint file (local, or an https URL to one)."""
+    if source.startswith(("https://", "http://")):
+        return source.lower().endswith(SINGLE_FILE_SUFFIXES)
+    path = Path(source).expanduser()
+    return path.suffix.lower() in SINGLE_FILE_SUFFIXES and path.is_file()
+
+
+def _folder_has_variant(folder: Path, variant: str) -> bool:
+    """True when a diffusers folder holds weight files of ``variant`` (``unet/*.fp16.safetensors``)."""
+    names = tuple(f".{variant}{suffix}" for suffix in _WEIGHT_SUFFIXES)
+    return any(f.name.endswith(names) for f in folder.glob("*/*"))
+
+
 def resolve_device(device: str = "auto") -> str:
     if device != "auto":
         return device
@@ -333,11 +384,14 @@ class ModelRegistry:
             self._loaded.pop(name, None)
 
     def local_path(self, spec: ModelSpec) -> str:
-        """The ``from_pretrained`` argument of ``spec`` (building a demo model on first use)."""
+        """The ``from_pretrained`` (or ``from_single_file``) argument of ``spec``: a hub id, or a
+        local path with ``~`` expanded (building a demo model on first use)."""
         if spec.source.startswith("demo:"):
             from workers.demo import ensure_demo_model
 
             return str(ensure_demo_model(spec.source.removeprefix("demo:"), self.models_dir))
+        if spec.source.startswith("~"):
+            return str(Path(spec.source).expanduser())
         return spec.source
 
     def load(self, name: str) -> LoadedModel:
@@ -372,21 +426,30 @@ class ModelRegistry:
         device = self.device
         pipe_cls = diffusers.StableDiffusionXLPipeline if spec.family == "sdxl" else diffusers.StableDiffusionPipeline
         path = self.local_path(spec)
-        kwargs: dict[str, Any] = {"dtype": dtype}
-        if spec.variant and dtype_name == "float16" and not Path(path).exists():
-            kwargs["variant"] = spec.variant
+        kwargs: dict[str, Any] = {dtype_keyword(diffusers.__version__): dtype}
         if spec.family == "sd":
             kwargs["safety_checker"] = None
             kwargs["requires_safety_checker"] = False
+        single = is_single_file(path)
+        if single:
+            if spec.config is not None:
+                kwargs["config"] = self._config_path(spec)
+            if os.environ.get("HF_HUB_OFFLINE"):
+                kwargs["local_files_only"] = True
+        elif spec.variant and (
+            _folder_has_variant(Path(path), spec.variant) if Path(path).is_dir() else dtype_name == "float16"
+        ):
+            kwargs["variant"] = spec.variant
         try:
-            pipe = pipe_cls.from_pretrained(path, **kwargs)
-        except (OSError, ValueError) as exc:
-            hint = (
-                " (offline: HF_HUB_OFFLINE is set; point [workers.models] at a local folder)"
-                if os.environ.get("HF_HUB_OFFLINE")
-                else ""
-            )
-            raise ModelLoadError(f"model {spec.name!r}: cannot load {path!r}: {exc}{hint}") from None
+            pipe = pipe_cls.from_single_file(path, **kwargs) if single else pipe_cls.from_pretrained(path, **kwargs)
+        except Exception as exc:  # any failure to load is this model's load error, named
+            hint = ""
+            if single and spec.config is None:
+                hint = " (a single-file checkpoint needs component configs: set `config` to a local diffusers folder)"
+            elif os.environ.get("HF_HUB_OFFLINE"):
+                hint = " (offline: HF_HUB_OFFLINE is set; point [workers.models] at a local folder)"
+            what = "" if isinstance(exc, OSError | ValueError) else f"{type(exc).__name__}: "
+            raise ModelLoadError(f"model {spec.name!r}: cannot load {path!r}: {what}{exc}{hint}") from None
         if spec.unet_weights:
             self._replace_unet(pipe, spec)
         if spec.scheduler is not None:
@@ -397,6 +460,13 @@ class ModelRegistry:
         pipe = pipe.to(device)
         pipe.set_progress_bar_config(disable=True)
         return pipe
+
+    def _config_path(self, spec: ModelSpec) -> str:
+        """``spec.config`` as ``from_single_file`` takes it (a ``demo:`` model's folder works too)."""
+        assert spec.config is not None
+        if spec.config.startswith("demo:"):
+            return self.local_path(replace(spec, source=spec.config))
+        return str(Path(spec.config).expanduser()) if spec.config.startswith("~") else spec.config
 
     def _replace_unet(self, pipe: Any, spec: ModelSpec) -> None:
         from huggingface_hub import hf_hub_download

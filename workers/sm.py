@@ -13,6 +13,7 @@ from typing import Any
 from argusdiff.domain import ApproxLevel
 from workers.executor import TIMING_KEYS, WorkItem, WorkResult
 from workers.pipelines import default_seed, generate, to_png
+from workers.progress import StepReporter
 from workers.registry import LoadedModel, ModelRegistry
 
 __all__ = ["ModelExecutor", "queue_wait", "seeds_of"]
@@ -57,13 +58,17 @@ class ModelExecutor:
             **kw,
         )
 
+    def reporter(self, items: Sequence[WorkItem], *, start: int = 0) -> StepReporter:
+        """Step events of the batch's streamed items (:mod:`workers.progress`)."""
+        return StepReporter(self.loaded, items, steps=self.level.steps, start=start, level=self.level_id)
+
     def run(self, items: Sequence[WorkItem]) -> list[WorkResult]:
         if not items:
             return []
         started = time.time()
         model = self.loaded
         seeds = seeds_of(items)
-        gen = generate(model, [i.prompt for i in items], seeds, steps=self.level.steps)
+        gen = generate(model, [i.prompt for i in items], seeds, steps=self.level.steps, on_step=self.reporter(items))
         return [
             self._result(
                 item,

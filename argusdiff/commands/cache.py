@@ -1,8 +1,10 @@
 """``argusdiff cache stats|ls|verify|clear|warm`` on the configured latent cache.
 
 The cache is the one ``[cache]`` in the settings describes (``--config``, ``ARGUSDIFF_CACHE__*``);
-``--path`` overrides its folder. ``warm`` fills it by running the profile's full-quality AC level
-on a prompt set, capturing the latents every AC level of the profile resumes from.
+``--path`` overrides its folder. ``stats``, ``ls``, ``verify`` and ``clear`` refuse a folder that
+holds no cache (exit 2 naming ``--path`` or ``[cache] path``); only ``warm`` creates one: it fills
+the cache by running the profile's full-quality AC level on a prompt set, capturing the latents
+every AC level of the profile resumes from.
 """
 
 from __future__ import annotations
@@ -69,10 +71,40 @@ def _settings(args: argparse.Namespace):
     return settings
 
 
+def _existing(args: argparse.Namespace):
+    """The settings of a cache that must already exist: the commands that read, repair or clear a
+    cache refuse a folder that holds none (a typo in ``--path`` must not create an empty cache and
+    report it). Only ``warm`` creates a cache."""
+    from pathlib import Path
+
+    settings = _settings(args)
+    cfg = settings.cache
+    option = "--path" if args.path else "[cache] path"
+    root = Path(cfg.path).expanduser()
+    needed = []
+    if cfg.index == "hnsw":
+        needed.append(root / "index" / "index.sqlite")
+    elif not cfg.qdrant_url:
+        needed.append(root / "qdrant")
+    if cfg.store == "local":
+        needed.append(root / "blobs")
+    missing = [p for p in needed if not p.exists()]
+    if not root.is_dir() or missing:
+        what = (
+            "no such folder"
+            if not root.exists()
+            else ("not a folder" if not root.is_dir() else f"no {', '.join(str(p.relative_to(root)) for p in missing)}")
+        )
+        raise ConfigError(
+            f"{option}: {cfg.path} is not a latent cache ({what}; `argusdiff cache warm` fills a new one)"
+        )
+    return settings
+
+
 def _open(args: argparse.Namespace, *, read_only: bool = False):
     from cache.latent_cache import LatentCache
 
-    return LatentCache.from_config(_settings(args).cache, read_only=read_only)
+    return LatentCache.from_config(_existing(args).cache, read_only=read_only)
 
 
 def _human(n: float) -> str:
@@ -148,7 +180,7 @@ def run_verify(args: argparse.Namespace) -> int:
 
 
 def run_clear(args: argparse.Namespace) -> int:
-    settings = _settings(args)
+    settings = _existing(args)
     if not args.yes:
         if not sys.stdin.isatty():
             raise ConfigError("clear: pass --yes to delete the cache without a terminal to confirm on")

@@ -1,10 +1,13 @@
-"""``argusdiff plan``: solve one allocation (ARGUS Eq. 1) and its PASM, or a cascade MILP.
+"""``argusdiff plan``: solve one allocation (ARGUS Eq. 1) and its PASM, a cascade MILP, or the unified
+plan of a deployment profile that lists AC levels, smaller models and cascades together.
 
 Examples::
 
-    argusdiff plan --profile sdxl-ac-a100 --gpus 8 --load-qpm 300
+    argusdiff plan --profile sdxl-ac-a100 --gpus 8 --load-qpm 120
+    argusdiff plan --profile sdxl-ac-a100 --gpus 8 --load-qpm 120 --backend highs
     argusdiff plan --profile sm-a100 --gpus 16 --load-qpm 400 --affinity 0.1,0.1,0.2,0.2,0.2,0.2 --json
     argusdiff plan --profile cascade-sdturbo-sdv15 --gpus 16 --load-qpm 1200
+    argusdiff plan --profile unified-a100 --gpus 8 --load-qpm 180 --tiers interactive=0.2,standard=0.5,batch=0.3
 """
 
 from __future__ import annotations
@@ -49,13 +52,15 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         "--formulation",
         choices=("exact", "aggregated", "paper"),
         default=None,
-        help="allocation formulation (default: settings [solver] formulation, exact)",
+        help="allocation formulation (default: settings [solver] formulation, exact; aggregated when --backend "
+        "is given)",
     )
     parser.add_argument(
         "--backend",
         choices=("auto", "highs", "gurobi"),
         default=None,
-        help="MILP backend (default: settings [solver] backend)",
+        help="MILP backend that solves the aggregated or paper formulation (and the cascade MILP); the exact "
+        "formulation uses it only for its switch-cost pass with --current (default: settings [solver] backend)",
     )
     parser.add_argument("--margin", type=_non_negative_float, default=1.0, help="capacity factor on the load (>= 1)")
     parser.add_argument(
@@ -75,6 +80,17 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         choices=("drain", "little"),
         default="drain",
         help="cascade queueing delay: drain time of the plan's workers (default) or Little's law",
+    )
+    parser.add_argument(
+        "--tiers",
+        help="unified profiles: the demand's SLO tier mix, e.g. interactive=0.2,standard=0.5,batch=0.3 "
+        "(default: every request standard)",
+    )
+    parser.add_argument(
+        "--hit-rate",
+        type=_non_negative_float,
+        default=1.0,
+        help="unified profiles: cache hit rate of the AC levels with K > 0 (a miss runs at K = 0); default 1.0",
     )
     parser.add_argument("--config", help="settings TOML file")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
@@ -108,13 +124,14 @@ def parse_affinity(text: str | None, level_ids: tuple[str, ...]) -> tuple[float,
     return tuple(v / total for v in values)
 
 
-def _affinity_value(raw: str) -> float:
+def _affinity_value(raw: str, option: str = "--affinity", what: str = "values") -> float:
+    """A finite number >= 0 of a weight list option (``--affinity`` values, ``--tiers`` shares)."""
     try:
         v = float(raw)
     except ValueError:
-        raise ConfigError(f"--affinity: {raw.strip()!r} is not a number") from None
+        raise ConfigError(f"{option}: {raw.strip()!r} is not a number") from None
     if not math.isfinite(v) or v < 0:
-        raise ConfigError(f"--affinity: values must be finite and >= 0, got {raw.strip()}")
+        raise ConfigError(f"{option}: {what} must be finite and >= 0, got {raw.strip()}")
     return v
 
 
@@ -135,6 +152,20 @@ def _current(text: str | None, gpus: int, level_ids: tuple[str, ...]) -> dict[st
     return out
 
 
+def _formulation(args: argparse.Namespace, settings) -> str:
+    """The formulation to solve: an explicit ``--backend`` asks for a MILP, so without an explicit
+    ``--formulation`` it selects the aggregated MILP; ``--formulation exact`` with ``--backend`` is
+    refused unless ``--current`` gives the exact path a switch-cost pass (its only MILP)."""
+    if args.formulation is None:
+        return "aggregated" if args.backend is not None else settings.solver.formulation
+    if args.formulation == "exact" and args.backend is not None and args.current is None:
+        raise ConfigError(
+            f"--backend: the exact formulation is solved without a MILP backend ({args.backend} would be used "
+            "only by the switch-cost pass with --current); drop --backend or pass --formulation aggregated or paper"
+        )
+    return args.formulation
+
+
 def run(args: argparse.Namespace) -> int:
     from argusdiff.config import load_settings
     from argusdiff.profile import load_profile
@@ -144,6 +175,10 @@ def run(args: argparse.Namespace) -> int:
     backend = args.backend or settings.solver.backend
     if args.margin < 1:
         raise ConfigError(f"--margin: must be >= 1, got {args.margin:g}")
+    if profile.cascades:
+        return _run_unified(args, profile, settings, backend)
+    if args.tiers is not None:
+        raise ConfigError(f"--tiers: only a profile with [[cascades]] plans per tier; {profile.name!r} has none")
     if profile.cascade is not None:
         return _run_cascade(args, profile, settings, backend)
 
@@ -160,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
         args.gpus,
         args.load_qpm,
         current=current,
-        formulation=args.formulation or settings.solver.formulation,
+        formulation=_formulation(args, settings),
         backend=backend,
         switch_tolerance=tol,
         margin=args.margin,
@@ -206,6 +241,139 @@ def run(args: argparse.Namespace) -> int:
     print(" " * width + "".join(f"{lv[:9]:>10}" for lv in profile.ids))
     for i, row in enumerate(pasm):
         print(f"{profile.ids[i]:<{width}}" + "".join(f"{p:>10.3f}" for p in row))
+    return 0
+
+
+def parse_tiers(text: str | None) -> dict[str, float]:
+    """``--tiers``: tier=share pairs (interactive, standard, batch), normalised."""
+    if text is None:
+        return {}
+    out: dict[str, float] = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        name, sep, raw = part.partition("=")
+        name = name.strip()
+        if not sep or name not in ("interactive", "standard", "batch"):
+            raise ConfigError(f"--tiers: expected tier=share with tier interactive, standard or batch, got {part!r}")
+        out[name] = _affinity_value(raw, "--tiers", "shares")
+    total = sum(out.values())
+    if total <= 0:
+        raise ConfigError("--tiers: at least one share must be > 0")
+    return {k: v / total for k, v in out.items() if v > 0}
+
+
+def _run_unified(args, profile, settings, backend) -> int:
+    """One unified plan (solver.unified) over every path of ``profile``: print its paths, routing
+    shares, cascade thresholds and workers."""
+    from solver.paths import TierSpec, nitsum_tiers, problem_from_profile, ranked_deferral
+    from solver.unified import plan_unified
+
+    if args.margin < 1:
+        raise ConfigError(f"--margin: must be >= 1, got {args.margin:g}")
+    if args.hit_rate > 1:
+        raise ConfigError(f"--hit-rate: must be in [0, 1], got {args.hit_rate:g}")
+    tol = settings.solver.switch_tolerance if args.switch_tolerance is None else args.switch_tolerance
+    if tol > 1:
+        raise ConfigError(f"--switch-tolerance: must be in [0, 1], got {tol:g}")
+    affinity = parse_affinity(args.affinity, profile.ids)
+    current = _current(args.current, args.gpus, profile.ids)
+    slo = args.slo_s if args.slo_s else profile.default_slo_s()
+    mix = parse_tiers(args.tiers)
+    tiers = (
+        nitsum_tiers(slo, mix, headroom=dict.fromkeys(mix, args.margin))
+        if mix
+        else (TierSpec("standard", 1.0, slo, 1.0, args.margin),)
+    )
+    specs = list(profile.cascade_specs)
+    problem = problem_from_profile(
+        profile,
+        args.gpus,
+        args.load_qpm,
+        cascades=specs,
+        affinity=affinity,
+        current=current,
+        tiers=tiers,
+        hit_rate=args.hit_rate,
+        cascade_tables=ranked_deferral(profile, specs),
+    )
+    formulation = "milp" if args.formulation in ("aggregated", "paper") else "exact"
+    up = plan_unified(
+        problem,
+        formulation=formulation,
+        backend=backend,
+        switch_tolerance=tol,
+        time_limit_s=settings.solver.time_limit_s,
+    )
+    share = up.share()
+    counts = {lv: sum(1 for v in up.level_assignment.values() if v == lv) for lv in up.levels}
+    heavy = {p.id: p.heavy.level for p in problem.paths if p.heavy is not None}
+    if args.json:
+        out = {
+            "profile": profile.name,
+            "gpus": args.gpus,
+            "load_qpm": args.load_qpm,
+            "margin": args.margin,
+            "tiers": {t.name: {"share": t.share, "deadline_s": t.deadline_s} for t in tiers},
+            "paths": [
+                {
+                    "id": p,
+                    "strategy": up.path_strategy[p].value,
+                    "share": share[up.levels.index(p)],
+                    "workers": counts.get(p, 0),
+                    **(
+                        {"threshold": up.thresholds[p], "deferral": up.deferral[p], "heavy": heavy[p]}
+                        if p in up.thresholds
+                        else {}
+                    ),
+                }
+                for p in up.paths
+            ],
+            "workers_per_model": dict(up.counts),
+            "assignment": dict(up.level_assignment),
+            "routing": {f"{t}/{c}": dict(r) for (t, c), r in up.routing.items()},
+            "expected_quality": up.expected_quality,
+            "goodput": dict(up.goodput),
+            "saturated": up.saturated,
+            "shortfall_qpm": up.shortfall_qpm,
+            "formulation": up.formulation,
+            "backend": up.backend,
+            "solve_s": up.solve_s,
+            "notes": list(up.notes),
+        }
+        print(json.dumps(out, indent=2))
+        return 0
+    print(
+        f"{profile.name} on {profile.gpu}: {args.gpus} GPUs, load {args.load_qpm:g} QPM"
+        + (f" x margin {args.margin:g}" if args.margin != 1 else "")
+        + f"; unified plan ({up.formulation} via {up.backend}), {up.solve_s * 1000:.1f} ms"
+    )
+    print("tiers: " + ", ".join(f"{t.name} {t.share:.0%} (deadline {t.deadline_s:.1f} s)" for t in tiers))
+    width = max(len(i) for i in profile.ids) + 2
+    print(f"{'path':<{width}}{'kind':>9}{'share':>8}{'workers':>9}  cascade")
+    for p in up.paths:
+        extra = ""
+        if p in up.thresholds:
+            extra = f"t = {up.thresholds[p]:.3f}, defers {up.deferral[p]:.1%} to {heavy[p]}"
+        print(
+            f"{p:<{width}}{up.path_strategy[p].value:>9}{share[up.levels.index(p)]:>8.3f}{counts.get(p, 0):>9}  {extra}"
+        )
+    print("workers per model: " + ", ".join(f"{m} {n}" for m, n in up.counts.items() if n))
+    print(
+        f"expected quality {up.expected_quality:.4f}; in-SLO share per tier: "
+        + ", ".join(f"{t} {g:.1%}" for t, g in up.goodput.items())
+    )
+    if up.saturated:
+        print(f"SATURATED: {up.shortfall_qpm:.1f} QPM left unplanned (lowest tiers first)")
+    for note in up.notes:
+        print(f"note: {note}")
+    print("routing shares (tier / optimal level -> paths):")
+    for (t, c), r in up.routing.items():
+        total = sum(r.values())
+        if total <= 0:
+            continue
+        parts = ", ".join(
+            f"{p} {q / total:.2f}" for p, q in sorted(r.items(), key=lambda kv: -kv[1]) if q / total >= 0.005
+        )
+        print(f"  {t}/{c}: {parts}")
     return 0
 
 

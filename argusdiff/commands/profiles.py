@@ -1,4 +1,5 @@
-"""``argusdiff profiles`` and ``argusdiff profile show NAME``."""
+"""``argusdiff profiles``, ``argusdiff profile show NAME`` and ``argusdiff profile measure``
+(:mod:`argusdiff.commands.profile_measure`)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,10 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     show.add_argument("name", help="shipped profile name or path to a profile TOML file")
     show.add_argument("--json", action="store_true", help="machine-readable output")
     show.set_defaults(run=run_show)
+    from argusdiff.commands import profile_measure
+
+    what = "measure a profile's levels on this machine (latency, load time, memory) and write the profile"
+    profile_measure.add_arguments(sub.add_parser("measure", help=what, description=what))
 
 
 def run_list(args: argparse.Namespace) -> int:
@@ -34,6 +39,21 @@ def run_list(args: argparse.Namespace) -> int:
     for p in profiles:
         print(f"{p.name:<{width}}  {p.gpu:<10}  {len(p.levels)} levels  {p.description}")
     return 0
+
+
+def measured_table(profile) -> dict | None:
+    """The ``[measured]`` table of a profile file (provenance of measured numbers), if any."""
+    import tomllib
+    from pathlib import Path
+
+    path = Path(profile.source)
+    if not path.is_file():
+        return None
+    try:
+        measured = tomllib.loads(path.read_text(encoding="utf-8")).get("measured")
+    except (OSError, tomllib.TOMLDecodeError):
+        return None
+    return measured if isinstance(measured, dict) else None
 
 
 def profile_to_dict(profile) -> dict:
@@ -66,6 +86,7 @@ def profile_to_dict(profile) -> dict:
             "thresholds": list(profile.cascade.thresholds),
             "deferral": list(profile.cascade.deferral),
         },
+        "measured": measured_table(profile),
     }
 
 
@@ -78,6 +99,16 @@ def run_show(args: argparse.Namespace) -> int:
         return 0
     print(f"{profile.name} on {profile.gpu}: {profile.description}")
     print(f"source: {profile.source}")
+    measured = measured_table(profile)
+    if measured:
+        versions = ", ".join(f"{k} {measured[k]}" for k in ("torch", "diffusers") if k in measured)
+        print(
+            f"measured: {measured.get('date', '?')} on {measured.get('device', '?')} "
+            f"(driver {measured.get('driver', '?')}; {versions}; {measured.get('dtype', '?')})"
+        )
+        for name, m in (measured.get("models") or {}).items():
+            memory = [f"{k} {v}" for k, v in m.items() if k.endswith("_gib") and not isinstance(v, dict)]
+            print(f"  {name}: load {m.get('load_s', '?')} s" + (f", {', '.join(memory)}" if memory else ""))
     print(f"SLO: {profile.default_slo_s():.2f} s")
     print(
         f"{'level':<16}{'strategy':<9}{'model':<22}{'N':>4}{'K':>4}{'lat(b=1) s':>12}{'QPM/worker':>12}"

@@ -1,7 +1,9 @@
 """``argusdiff replay``: replay a trace through policies on a simulated cluster and compare them.
 
 With no arguments it replays a short embedded bursty trace (30 min at 40↔160 QPM) through every
-policy on 8 simulated workers and prints the comparison table.
+policy on 8 simulated workers, plus argus+ on the deployment profile that lists every path
+(``argus+ (unified)``, ``unified-a100``), and prints the comparison table with the domination check.
+Admission after the policies (as the service applies it) is on unless ``--no-admission``.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ def _policies(text: str) -> list[str]:
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     from argusdiff.replay import DEFAULT_TRACE
 
-    parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
     parser.add_argument(
         "--trace",
         default=DEFAULT_TRACE,
@@ -53,7 +54,12 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         "--sm-profile", default="sm-a100", help="smaller-model profile (Proteus, Sommelier, Clipper, ARGUS's fallback)"
     )
     parser.add_argument("--cascade-profile", default="cascade-sdxlltn-sdxl", help="profile of the DiffServe policies")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the synthetic quality table, generated traces, the classifier stand-in and jitter",
+    )
     parser.add_argument(
         "--period",
         type=float,
@@ -82,11 +88,54 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     parser.add_argument(
         "--no-embeddings", action="store_true", help="no MiniLM embeddings: only exact prompt repeats are cache hits"
     )
-    parser.add_argument("--ablation", action="store_true", help="also run argus+ with each part switched off")
+    parser.add_argument(
+        "--predictor",
+        default=None,
+        help="demand predictor of every policy: peak, quantile, ewma, argus-paper, diffserve-artifact, "
+        "proteus-artifact, sommelier-artifact or kind:key=value,... (keys bin, window, alpha, q, margin); "
+        "'source': each policy's own paper/artifact reading (default: [predictor] demand)",
+    )
+    parser.add_argument(
+        "--load-fraction",
+        type=float,
+        default=None,
+        help="time-stretch the trace so its peak 1-minute rate is this share of the --profile cluster's maximum",
+    )
+    parser.add_argument(
+        "--static-peak",
+        type=float,
+        default=None,
+        help="anticipated peak (QPM) diffserve-static is provisioned for (default: the trace's highest 1-minute rate)",
+    )
+    parser.add_argument(
+        "--cascade-baselines",
+        action="store_true",
+        help="run proteus, clipper-ha and clipper-ht on the --cascade-profile's two models (DiffServe's comparison)",
+    )
+    parser.add_argument(
+        "--ablation",
+        action="store_true",
+        help="also run argus+ with each part switched off (and argus+ (unified) without cascades, AC, SM, tiers)",
+    )
+    parser.add_argument(
+        "--unified-profile",
+        default="unified-a100",
+        help="deployment profile with every path (AC, smaller models, [[cascades]]) for argus+ (unified); "
+        "default unified-a100",
+    )
+    parser.add_argument(
+        "--no-unified", action="store_true", help="leave out argus+ (unified), argus+ planning every path in one plan"
+    )
     parser.add_argument(
         "--mixed",
         action="store_true",
         help="also run argus+ on one ladder merging the AC levels of --profile and the models of --sm-profile",
+    )
+    parser.add_argument(
+        "--no-admission",
+        action="store_true",
+        help="no admission after the policies (each policy alone, as its paper ran it); default: "
+        "[admission] replay (on: a request that cannot meet its deadline is refused, as the service does)",
     )
     parser.add_argument("--out", default=None, help="output folder: metrics.csv, summary.json, PNG plots, report.html")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots (report.html without figures)")
@@ -110,15 +159,30 @@ def _check(args: argparse.Namespace) -> None:
         raise ConfigError(f"--jitter: must be >= 0, got {args.jitter}")
     if args.cache_prefill is not None and not 0.0 <= args.cache_prefill <= 1.0:
         raise ConfigError(f"--cache-prefill: must be in [0, 1], got {args.cache_prefill}")
+    if args.load_fraction is not None and not 0.0 < args.load_fraction <= 10.0:
+        raise ConfigError(f"--load-fraction: must be in (0, 10], got {args.load_fraction}")
+    if args.static_peak is not None and not args.static_peak > 0:
+        raise ConfigError(f"--static-peak: must be a positive QPM, got {args.static_peak}")
+    if args.predictor not in (None, "source"):
+        from argusdiff.predictors import predictor_spec
+
+        try:
+            predictor_spec(args.predictor)
+        except ConfigError as exc:
+            raise ConfigError(f"--predictor: {exc}") from None
 
 
 def run(args: argparse.Namespace) -> int:
     from argusdiff.config import load_settings
     from argusdiff.policies import POLICIES
     from argusdiff.replay import DEFAULT_POLICIES, ReplaySpec, run_replay
+    from argusdiff.simulator.drift import DriftSettings
 
     _check(args)
-    cfg = load_settings().replay
+    settings = load_settings()
+    cfg = settings.replay
+    adm = settings.admission
+    admission = adm.mechanism() if adm.replay and adm.enabled and not args.no_admission else False
     policies = args.policies or list(DEFAULT_POLICIES)
     from argusdiff.errors import ConfigError
 
@@ -150,6 +214,14 @@ def run(args: argparse.Namespace) -> int:
         cache_prefill=args.cache_prefill if args.cache_prefill is not None else cfg.cache_prefill,
         ablation=args.ablation,
         mixed=args.mixed,
+        unified=not args.no_unified,
+        unified_profile=args.unified_profile,
+        predictor=args.predictor if args.predictor is not None else load_settings().predictor.demand,
+        load_fraction=args.load_fraction,
+        static_peak_qpm=args.static_peak,
+        cascade_baselines=args.cascade_baselines,
+        admission=admission,
+        drift=DriftSettings.from_config(settings.classifier),
     )
     if args.period is None and cfg.period_s != 60.0:
         spec.period_s = cfg.period_s
@@ -158,7 +230,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet and sys.stderr.isatty():
         from tqdm import tqdm
 
-        n_runs = len(policies) + (3 if args.ablation else 0) + (1 if args.mixed else 0)
+        unified_runs = (1 + (4 if args.ablation else 0)) if not args.no_unified and "argus+" in policies else 0
+        n_runs = len(policies) + (3 if args.ablation else 0) + (1 if args.mixed else 0) + unified_runs
         bar = tqdm(
             total=n_runs * 100,
             desc="replay",

@@ -32,7 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         metavar="SCALE",
         help="TEST MODE: embedded workers sleep the profiled latency x SCALE instead of running models",
     )
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="logging threshold"
+    )
     parser.set_defaults(run=run)
 
 
@@ -92,9 +94,7 @@ def _config_sets_profile(path: str | None) -> bool:
 def run(args: argparse.Namespace) -> int:
     import logging
 
-    import uvicorn
-
-    from argusdiff.service.api import create_app
+    from argusdiff.service.api import make_server
     from argusdiff.service.app import Service
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -107,5 +107,5 @@ def run(args: argparse.Namespace) -> int:
         "serving profile %s with policy %s, %s, %s on http://%s:%d",
         service.profile.name, cfg.policy, mode, workers, cfg.host, cfg.port,
     )  # fmt: skip
-    uvicorn.run(create_app(service), host=cfg.host, port=cfg.port, log_level=args.log_level, access_log=False)
+    make_server(service, host=cfg.host, port=cfg.port, log_level=args.log_level).run()
     return 0

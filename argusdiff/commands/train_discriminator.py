@@ -19,14 +19,22 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     parser.add_argument("--out", required=True, help="directory to write the trained discriminator to")
     parser.add_argument("--profile", help="cascade profile (name or TOML): records its light/heavy levels")
     parser.add_argument("--config", help="settings TOML ([classifier] section)")
-    parser.add_argument("--variant", help="timm model (default tf_efficientnetv2_b0)")
-    parser.add_argument("--image-size", type=int, help="input size in px (default 224)")
-    parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--val-fraction", type=float, default=0.2)
-    parser.add_argument("--patience", type=int, default=3)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--variant", help="timm model (default: [classifier] discriminator_variant)")
+    parser.add_argument(
+        "--pretrained",
+        metavar="PATH",
+        help="local ImageNet weights of the variant to fine-tune from (.safetensors/.pth file or a folder with "
+        "model.safetensors); default: [classifier] discriminator_pretrained, else random weights",
+    )
+    parser.add_argument(
+        "--image-size", type=int, help="input size in px (default: [classifier] discriminator_image_size)"
+    )
+    parser.add_argument("--epochs", type=int, default=10, help="most training epochs")
+    parser.add_argument("--batch-size", type=int, default=16, help="images per training step")
+    parser.add_argument("--lr", type=float, default=1e-3, help="learning rate (AdamW)")
+    parser.add_argument("--val-fraction", type=float, default=0.2, help="share of each class held out for validation")
+    parser.add_argument("--patience", type=int, default=3, help="early stopping: epochs without improvement")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the split, initialisation and shuffling")
     parser.add_argument("--ft-out", help="write f(t) in the profile's [cascade] TOML format to this file")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -62,8 +70,10 @@ def run(args: argparse.Namespace) -> int:
         DiscriminatorTrainConfig,
         format_ft_toml,
         list_images,
+        pretrained_weights_file,
         train_discriminator,
     )
+    from classifiers.errors import ClassifierInputError
 
     settings = load_settings(args.config).classifier
     for opt, value in (("--epochs", args.epochs), ("--batch-size", args.batch_size), ("--patience", args.patience)):
@@ -71,6 +81,13 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"{opt} must be >= 1, got {value}")
     if not 0 < args.val_fraction < 1:
         raise ConfigError(f"--val-fraction must be in (0, 1), got {args.val_fraction}")
+    pretrained = args.pretrained or settings.discriminator_pretrained
+    if pretrained is not None:
+        option = "--pretrained" if args.pretrained else "[classifier] discriminator_pretrained"
+        try:
+            pretrained = str(pretrained_weights_file(pretrained))
+        except ClassifierInputError as exc:
+            raise ConfigError(f"{option}: {exc}") from None
     light = heavy = profile_name = None
     if args.profile:
         profile = load_profile(args.profile)
@@ -92,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
         patience=args.patience,
         seed=args.seed,
         progress=not args.no_progress,
+        pretrained=pretrained,
     )
     log = None if args.json else (lambda s: print(s, file=sys.stderr))
     disc, report = train_discriminator(

@@ -25,7 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         help="TEST MODE: sleep the profiled latency x SCALE instead of running models",
     )
     parser.add_argument("--wait-s", type=float, default=60.0, help="how long to wait for the router to announce")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="logging threshold"
+    )
     parser.set_defaults(run=run)
 
 
@@ -44,6 +46,37 @@ def _settings(args: argparse.Namespace) -> Any:
             raise ConfigError(f"--gpu must be >= 0, got {args.gpu}")
         data["workers"]["device"] = f"cuda:{args.gpu}"
     return Settings.model_validate(data)
+
+
+def _check_redis(url: str, timeout_s: float = 3.0) -> None:
+    """Fail at once (exit 2, naming ``--redis``) when ``url`` is malformed or Redis does not answer,
+    instead of waiting ``--wait-s`` for a deployment that cannot arrive."""
+    import redis
+
+    from argusdiff.errors import ConfigError
+
+    shown = _without_password(url)
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
+    except ValueError as exc:
+        raise ConfigError(f"--redis: {shown!r} is not a Redis URL ({exc})") from None
+    try:
+        client.ping()
+    except (redis.RedisError, OSError) as exc:
+        raise ConfigError(f"--redis: Redis at {shown} is unreachable: {exc}") from None
+    finally:
+        client.close()
+
+
+def _without_password(url: str) -> str:
+    """``url`` with its password (if any) shown as ``***``: error messages end up in logs."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if not parts.password:
+        return url
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -67,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = settings.service
     gpu = "cpu" if args.gpu is None else f"gpu{args.gpu}"
     worker_id = args.worker_id or f"{socket.gethostname()}-{gpu}-{os.getpid()}"
+    _check_redis(args.redis)
     queue = RedisWorkQueue(
         args.redis,
         namespace=cfg.namespace,
@@ -86,7 +120,9 @@ def run(args: argparse.Namespace) -> int:
                 profile_ref, fallback_ref = deployment["profile"], deployment.get("fallback")
                 break
             if time.monotonic() > deadline:
-                raise ConfigError(f"no router announced a deployment in redis at {args.redis}: pass --profile")
+                raise ConfigError(
+                    f"no router announced a deployment in redis at {_without_password(args.redis)}: pass --profile"
+                )
             time.sleep(0.5)
     profile = load_profile(profile_ref)
     fallback = load_profile(fallback_ref) if fallback_ref else None
@@ -110,6 +146,6 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     mode = f"stand-in x{args.stand_in} (TEST MODE)" if args.stand_in else settings.workers.device
-    log.info("worker %s: profile %s, %s, redis %s", worker_id, profile.name, mode, args.redis)
+    log.info("worker %s: profile %s, %s, redis %s", worker_id, profile.name, mode, _without_password(args.redis))
     worker.run()
     return 0

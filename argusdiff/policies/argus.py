@@ -1,16 +1,28 @@
 """ARGUS (Middleware '25) and PAC, its prompt-agnostic ablation.
 
-Control path, every period: predict demand (EWMA), solve the allocation ILP (Eq. 1) over the
-active strategy's levels, and turn the affinity histogram H (the classifier's optimal levels of
-recent prompts) and the allocation's load shares F into the PASM with ODA (Algorithm 1).
-Data path, per request: the prompt's predicted optimal level v, a level v' drawn from PASM row v,
-and the worker at v' with the smallest queue length × processing time (§4.4).
+Control path, every period: predict demand W_t (the policy's demand predictor,
+:mod:`argusdiff.predictors`; ARGUS §4.2 says only "using the past workload"), solve the allocation
+ILP (Eq. 1) over the active strategy's levels, and turn the affinity histogram H (the classifier's
+optimal levels of recent prompts) and the allocation's load shares F into the PASM with ODA
+(Algorithm 1). Data path, per request: the prompt's predicted optimal level v, a level v' drawn
+from PASM row v, and the worker at v' with the smallest queue length × processing time (§4.4).
 
 AC↔SM switch (§4.6): the default strategy is approximate caching. When cache retrieval degrades
-(median latency above a limit or failed lookups above a rate), requests are served at K = 0 at
-once on the SD-XL model already loaded (no downtime), the plan moves to the smaller-model ladder
-with a 1.5× capacity margin while models load, and background probes move the plan back to AC
-after the cache has been healthy for ``probe_periods`` periods.
+(median latency above a limit or failed lookups above a rate):
+
+1. requests are served at K = 0 at once on the SD-XL model every worker has loaded (no downtime);
+2. the allocation is solved over the smaller-model ladder with a 1.5× capacity margin; each
+   worker whose planned model is not loaded keeps serving SD-XL at K = 0 (the ladder's level of
+   the same model) and loads its small model *alongside* (``Plan.preload``: two models fit in an
+   A100's 80 GB);
+3. as each model finishes loading the policy re-solves (``replans_on_load``) and moves that
+   worker to its small model; SD-XL is no longer kept once every worker has switched.
+
+Background probes move the plan back to AC after the cache has been healthy for
+``probe_periods`` periods: SD-XL is loaded on every worker alongside the small models first, and
+the plan switches once it is ready everywhere (§4.6: "all large models ... are loaded almost in
+parallel", a full transition). A worker whose background load is not reported within its load
+time plus one period is moved anyway (its load then happens in the foreground).
 
 PAC is ARGUS without the classifier and ODA: every PASM row equals F, so a prompt goes to a level
 drawn from the allocation's shares regardless of what it needs.
@@ -34,13 +46,26 @@ from argusdiff.policies.base import (
     uniform_pasm,
 )
 
-__all__ = ["Argus", "Pac"]
+__all__ = ["Argus", "Pac", "capacity_share"]
+
+
+def capacity_share(profile: Profile, assignment: Mapping[str, str | None]) -> tuple[float, ...]:
+    """F(v) for an assignment not from the solver: each level's share of the assigned capacity."""
+    cap = [0.0] * len(profile.levels)
+    index = {lv: i for i, lv in enumerate(profile.ids)}
+    for lv in assignment.values():
+        if lv in index:
+            cap[index[lv]] += profile.levels[index[lv]].peak_qpm
+    total = sum(cap)
+    if total <= 0:
+        return tuple(1.0 / len(cap) for _ in cap)
+    return tuple(c / total for c in cap)
 
 
 class Argus(Policy):
     name = "argus"
     uses_classifier = True
-    prompt_aware = True
+    replans_on_load = True  # §4.6: re-solve as soon as a small model finishes loading
 
     def __init__(
         self,
@@ -51,9 +76,9 @@ class Argus(Policy):
         config: PolicyOptions | Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(profile, rng=rng, classifier=classifier, config=config)
-        from argusdiff.predictors import AffinityHistogram, EwmaDemand
+        from argusdiff.predictors import AffinityHistogram
 
-        if Strategy.CASCADE in profile.strategies:
+        if Strategy.CASCADE in profile.strategies and not self.cascade_as_ladder and not self.plans_paths(profile):
             raise PolicyError(f"policy {self.name!r} needs an AC or SM profile, got cascade profile {profile.name!r}")
         fallback = self.options.fallback
         if fallback is not None and Strategy.CASCADE in fallback.strategies:
@@ -61,15 +86,28 @@ class Argus(Policy):
         self.primary = profile
         self.fallback = fallback if profile.strategies == {Strategy.AC} else None
         self.active = profile
-        self.demand = EwmaDemand(self.options.ewma_alpha)
+        self.demand = self.new_demand_predictor()
         self.histograms = {profile.name: AffinityHistogram(profile.ids, self.options.affinity_window)}
         if self.fallback is not None:
             self.histograms[self.fallback.name] = AffinityHistogram(self.fallback.ids, self.options.affinity_window)
         self.healthy_periods = 0
         self.switches_to_sm = 0
         self.switches_to_ac = 0
+        # §4.6 transitions in progress: worker -> target level of the new strategy, and when its
+        # background load was asked for
+        self.switching = False  # AC -> SM: workers move to small models as each finishes loading
+        self.returning = False  # SM -> AC: SD-XL loads on every worker before the plan switches
+        self.targets: dict[str, str] = {}
+        self.requested: dict[str, float] = {}
         self._routing: PlanRouting | None = None
         self._lat: list[float] = []
+
+    cascade_as_ladder = False  # Proteus runs a cascade profile's two models as a two-level ladder
+
+    def plans_paths(self, profile: Profile) -> bool:
+        """Whether this policy plans ``profile``'s paths in one unified plan (argus+ on a deployment
+        profile with ``[[cascades]]``); ARGUS itself runs one ladder."""
+        return False
 
     # ---- control path --------------------------------------------------------------------
 
@@ -81,29 +119,85 @@ class Argus(Policy):
 
     def _update_mode(self, stats: ClusterStats) -> list[str]:
         notes: list[str] = []
-        if self.fallback is None:
+        if self.fallback is None or stats.reason != "period":
             return notes
         degraded = self.cache_degraded(stats)
         if self.active is self.primary and degraded:
             self.active = self.fallback
             self.healthy_periods = 0
             self.switches_to_sm += 1
-            notes.append("cache degraded: AC -> SM")
+            self.switching, self.returning = True, False
+            self.targets, self.requested = {}, {}
+            notes.append("cache degraded: AC -> SM (K = 0 on SD-XL while the small models load)")
         elif self.active is self.fallback:
             self.healthy_periods = 0 if degraded else self.healthy_periods + 1
-            if self.healthy_periods >= self.options.probe_periods:
-                self.active = self.primary
-                self.switches_to_ac += 1
-                notes.append("cache healthy again (probes): SM -> AC")
+            if degraded:
+                self.returning = False
+            elif self.healthy_periods >= self.options.probe_periods and not self.returning:
+                self.returning = True
+                self.requested = {}
+                notes.append("cache healthy again (probes): loading SD-XL for SM -> AC")
         return notes
 
     def demand_qpm(self, stats: ClusterStats) -> float:
-        return float(self.demand.update(stats.arrival_qpm))
+        """The demand estimate (QPM, before the predictor's margin); a period's arrivals are
+        observed once, re-plans on a model load reuse the estimate."""
+        if stats.reason == "period":
+            self.demand.observe_stats(stats)
+        return float(self.demand.estimate)
 
     def margin(self, stats: ClusterStats, switched: bool) -> float:
-        if self.active is not self.primary and (switched or stats.loading):
-            return self.options.switch_margin
-        return self.options.margin
+        m = self.predictor_spec.margin
+        if self.active is not self.primary and (switched or self.switching):
+            return m * self.options.switch_margin  # §4.6: "during the switch"
+        return m
+
+    def _overdue(self, w: str, level_id: str, stats: ClusterStats, profile: Profile) -> bool:
+        """Whether ``w`` asked for ``level_id``'s model longer ago than its load time plus a period
+        (a worker that cannot load in the background: move it anyway)."""
+        since = self.requested.setdefault(f"{w}:{level_id}", stats.now_s)
+        return stats.now_s - since > profile.level(level_id).load_time_s + self.options.period_s
+
+    def _transition(self, stats: ClusterStats, alloc) -> tuple[dict[str, str | None], dict[str, tuple[str, ...]]]:
+        """AC -> SM (§4.6): a worker takes its planned small model once it is loaded; until then
+        it serves the ladder's level of the model it has (SD-XL at K = 0) and loads alongside."""
+        prof = self.active
+        assignment: dict[str, str | None] = {}
+        preload: dict[str, tuple[str, ...]] = {}
+        by_model: dict[str, str] = {}
+        for lv in prof.levels:
+            by_model.setdefault(lv.model, lv.id)
+        now_in = self.current_in(prof, stats)
+        done = True
+        for w in stats.workers:
+            target = alloc.assignment.get(w)
+            if target is None:
+                assignment[w] = now_in.get(w)
+                continue
+            self.targets[w] = target
+            model = prof.level(target).model
+            resident = set(stats.resident.get(w, ()))
+            here = now_in.get(w)
+            if model in resident or here == target or here is None or self._overdue(w, target, stats, prof):
+                assignment[w] = target
+            else:
+                assignment[w] = here
+                preload[w] = (target,)
+                done = False
+        if done:
+            self.switching = False
+            self.targets = {}
+        return assignment, preload
+
+    def _returning_ready(self, stats: ClusterStats) -> tuple[bool, dict[str, tuple[str, ...]]]:
+        """SM -> AC: whether the AC model is loaded on every worker; else what to load."""
+        base = self.primary.levels[0]
+        preload: dict[str, tuple[str, ...]] = {}
+        for w in stats.workers:
+            if base.model in stats.resident.get(w, ()) or self._overdue(w, base.id, stats, self.primary):
+                continue
+            preload[w] = (base.id,)
+        return not preload, preload
 
     def shares_for(self, profile: Profile, stats: ClusterStats) -> tuple[float, ...]:
         hist = self.histograms[profile.name]
@@ -121,7 +215,7 @@ class Argus(Policy):
         from solver.allocate import allocate
 
         o = self.options
-        current = self.current_in(profile, stats)
+        current = self.planned_current(profile, stats)
         return allocate(
             profile.levels,
             list(stats.workers),
@@ -133,6 +227,14 @@ class Argus(Policy):
             margin=margin,
             time_limit_s=o.time_limit_s,
         )
+
+    def planned_current(self, profile: Profile, stats: ClusterStats) -> dict[str, str | None]:
+        """The mapping the allocation should move as few workers from as possible: each worker's
+        current level in ``profile`` or, during an AC -> SM switch, the small model it is loading."""
+        current = self.current_in(profile, stats)
+        if self.switching and profile is self.fallback:
+            current = {w: self.targets.get(w, lv) for w, lv in current.items()}
+        return current
 
     def current_in(self, profile: Profile, stats: ClusterStats) -> dict[str, str | None]:
         """Each up worker's current level, expressed in ``profile``'s levels: a level of the other
@@ -155,44 +257,48 @@ class Argus(Policy):
         notes = self._update_mode(stats)
         # keep every histogram current (the fallback's too, so a switch starts informed)
         shares = {name: self.shares_for(p, stats) for name, p in self._profiles().items()}
-        profile = self.active
         demand = self.demand_qpm(stats)
-        margin = self.margin(stats, bool(notes))
+        preload: dict[str, tuple[str, ...]] = {}
+        if self.returning and self.active is self.fallback:
+            ready, preload = self._returning_ready(stats)
+            if ready:
+                self.active = self.primary
+                self.returning = False
+                self.requested = {}
+                self.switches_to_ac += 1
+                notes.append("SD-XL loaded on every worker: SM -> AC")
+        profile = self.active
+        margin = self.margin(stats, False)
         if not stats.workers:
-            n = len(profile.ids)
-            return Plan(
-                version=self.next_version(),
-                created_s=stats.now_s,
-                strategy=self._strategy(profile),
-                levels=profile.ids,
-                assignment={},
-                share=tuple(1.0 / n for _ in range(n)),
-                pasm=uniform_pasm([1.0] * n),
-                predicted_qpm=demand,
-                expected_quality=0.0,
-                saturated=True,
-                shortfall_qpm=demand,
-                policy=self.name,
-                notes=("no worker is up", *notes),
-            )
+            return self.no_worker_plan(stats, profile.ids, self._strategy(profile), demand, notes)
         alloc = self.allocate(profile, stats, demand, margin)
-        pasm = self.pasm(shares[profile.name], tuple(alloc.share))
+        assignment = dict(alloc.assignment)
+        share = tuple(alloc.share)
+        quality = float(alloc.expected_quality)
+        if self.switching and profile is self.fallback:
+            assignment, preload = self._transition(stats, alloc)
+            if assignment != alloc.assignment:
+                share = capacity_share(profile, assignment)
+                quality = sum(f * lv.quality for f, lv in zip(share, profile.levels, strict=True))
+                notes.append(f"switching: {len(preload)} worker(s) serve K = 0 while their small model loads")
+        pasm = self.pasm(shares[profile.name], share)
         return Plan(
             version=self.next_version(),
             created_s=stats.now_s,
             strategy=self._strategy(profile),
             levels=profile.ids,
-            assignment=dict(alloc.assignment),
-            share=tuple(alloc.share),
+            assignment=assignment,
+            share=share,
             pasm=pasm,
             predicted_qpm=demand,
-            expected_quality=float(alloc.expected_quality),
+            expected_quality=quality,
             saturated=bool(alloc.saturated),
             shortfall_qpm=float(alloc.shortfall_qpm),
             moved_workers=int(alloc.moved_workers),
             margin=margin,
             policy=self.name,
             notes=tuple(notes),
+            preload=preload,
         )
 
     def _profiles(self) -> dict[str, Profile]:
@@ -209,7 +315,7 @@ class Argus(Policy):
 
     def routing(self, plan: Plan) -> PlanRouting:
         r = self._routing
-        if r is None or r.version != plan.version or r.levels != plan.levels:
+        if r is None or r.plan is not plan:
             r = self._routing = PlanRouting(plan)
             prof = self.primary if plan.levels == self.primary.ids else (self.fallback or self.primary)
             self._lat = [prof.level(lv).latency(1) for lv in plan.levels]
@@ -244,7 +350,6 @@ class Pac(Argus):
 
     name = "pac"
     uses_classifier = False
-    prompt_aware = False
 
     def pasm(self, affinity: tuple[float, ...], share: tuple[float, ...]) -> tuple[tuple[float, ...], ...]:
         return uniform_pasm(share)

@@ -10,6 +10,13 @@
 * ``switch_aware`` — switch-cost-aware allocation: the allocation keeps the current worker→level
   mapping unless moving workers gains more than 2% expected quality (ARGUS re-solves from scratch:
   0.5% tolerance); this only matters where levels need different models (SM).
+
+On a deployment profile that lists light→heavy pairs next to its other levels (``[[cascades]]``,
+e.g. ``unified-a100``), argus+ plans every path in one unified plan (:mod:`argusdiff.policies.unified`,
+:mod:`solver.unified`): AC levels, smaller models and cascades, their thresholds and the workers
+per model chosen jointly, per SLO tier (``tiers``), and routes deferrals with ``route_heavy``. The
+``paths`` option restricts the path kinds (the ablation rows). Other profiles keep the ladder
+planning above.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from argusdiff.domain import Assignment, ClusterStats, Plan, Request, Strategy
 from argusdiff.policies.argus import Argus
 from argusdiff.policies.base import RouteView, select_worker
 from argusdiff.policies.mixed import is_mixed, miss_fallback, needs_cache
+from argusdiff.policies.unified import UnifiedRouting, route_heavy_unified, route_unified, tier_mix, unified_plan
 
 __all__ = ["ArgusPlus"]
 
@@ -29,12 +37,60 @@ class ArgusPlus(Argus):
     _cache_flags: tuple[bool, ...] = ()
     _mixed: bool = False
     _k0: dict[str, float] = {}  # noqa: RUF012 - replaced per plan, never mutated
+    _urouting: UnifiedRouting | None = None
+
+    def __init__(self, profile, **kwargs) -> None:
+        super().__init__(profile, **kwargs)
+        self.unified = self.plans_paths(profile)
+        self.cascade = self.unified and bool(profile.cascade_specs)  # the simulator hands deferrals back
+        self._tiers: dict[str, float] = {}
+        self._hit_rate = 1.0
+
+    def plans_paths(self, profile) -> bool:
+        return bool(profile.cascades)
+
+    def plan(self, stats: ClusterStats) -> Plan:
+        if not self.unified:
+            return super().plan(stats)
+        from solver.paths import DEFAULT_TIER_DEADLINE
+
+        profile = self.profile
+        affinity = self.shares_for(profile, stats)
+        demand = self.demand_qpm(stats)
+        if stats.reason == "period":
+            self._tiers = tier_mix(self._tiers, stats.tier_arrivals)
+            if stats.cache_hit_rate is not None:
+                self._hit_rate = float(stats.cache_hit_rate)
+        hit_rate = 0.0 if self.cache_degraded(stats) else self._hit_rate
+        if not stats.workers:
+            return self.no_worker_plan(stats, profile.ids, Strategy.SM, demand)
+        return unified_plan(
+            self,
+            profile,
+            stats,
+            demand=demand,
+            affinity=affinity,
+            tiers=self._tiers,
+            tier_deadline=self.options.tier_slo or DEFAULT_TIER_DEADLINE,
+            hit_rate=hit_rate,
+            version=self.next_version(),
+        )
+
+    def _unified_routing(self, plan: Plan) -> UnifiedRouting:
+        r = self._urouting
+        if r is None or r.version != plan.version or r.levels != plan.levels:
+            r = self._urouting = UnifiedRouting(plan, self.profile)
+        return r
+
+    def route_heavy(self, request: Request, plan: Plan, view: RouteView) -> Assignment:
+        """A cascade deferral (unified plans): the pair's heavy level on a worker holding its model."""
+        return route_heavy_unified(self, self._unified_routing(plan), request, plan, view)
 
     def demand_qpm(self, stats: ClusterStats) -> float:
-        predicted = float(self.demand.update(stats.arrival_qpm))
-        if self.options.backlog and stats.period_s > 0:
+        predicted = super().demand_qpm(stats)
+        if self.options.backlog and self.options.period_s > 0:
             queued = sum(stats.queue_lengths.values())
-            predicted += queued * 60.0 / stats.period_s
+            predicted += queued * 60.0 / self.options.period_s
         return predicted
 
     def allocate(self, profile, stats: ClusterStats, demand: float, margin: float):
@@ -49,7 +105,7 @@ class ArgusPlus(Argus):
             cache_free = [i for i, lv in enumerate(levels) if not needs_cache(lv)]
             levels = tuple(levels[i] for i in cache_free)
         ids = {lv.id for lv in levels}
-        current = {w: (lv if lv in ids else None) for w, lv in self.current_in(profile, stats).items()}
+        current = {w: (lv if lv in ids else None) for w, lv in self.planned_current(profile, stats).items()}
         alloc = allocate(
             levels,
             list(stats.workers),
@@ -114,6 +170,8 @@ class ArgusPlus(Argus):
         )
 
     def route(self, request: Request, plan: Plan, view: RouteView) -> Assignment:
+        if self.unified:
+            return route_unified(self, self._unified_routing(plan), request, view)
         a = super().route(request, plan, view)
         if a.level is None or a.worker is None:
             return a

@@ -27,14 +27,20 @@ from argusdiff.domain import Assignment, ClusterStats, Plan, Profile, Request, S
 from argusdiff.errors import ConfigError
 
 __all__ = [
+    "FLOOR_UNMET",
     "Policy",
     "PolicyError",
     "PolicyOptions",
     "RouteView",
     "identity_pasm",
+    "nearest_served",
     "select_worker",
     "uniform_pasm",
 ]
+
+
+#: ``Assignment.reason`` of a request refused because no planned level meets its minimum quality
+FLOOR_UNMET = "no worker serves a level at least as good as the requested minimum quality level"
 
 
 class PolicyError(ConfigError):
@@ -49,7 +55,8 @@ class RouteView:
     one in service); ``busy_until[w]`` is the estimated time ``w`` finishes all of them;
     ``worker_models[w]`` the model ``w`` has loaded (or is loading); ``optimal_level`` the
     classifier's (or quality oracle's) predicted optimal level of the prompt; ``cache_similarity``
-    the cosine similarity of the best cached prompt (``None``: unknown / no cache).
+    the cosine similarity of the best cached prompt (``None``: unknown / no cache); ``deferred_from``
+    the light level a deferred request ran at (set for ``route_heavy`` only).
     """
 
     now_s: float = 0.0
@@ -61,20 +68,27 @@ class RouteView:
     cache_similarity: float | None = None
     cache_healthy: bool = True
     slo_s: float = 0.0
+    # for ``route_heavy``: the cascade light level whose image the discriminator rejected
+    deferred_from: str | None = None
 
 
 @dataclass(frozen=True)
 class PolicyOptions:
-    """Knobs shared by the policies. ``slo_s`` ``None``: the profile's default (3 × slowest)."""
+    """Knobs shared by the policies. ``slo_s`` ``None``: the profile's default (3 × slowest).
+
+    ``predictor``: the demand predictor every policy plans for (a name or spec string of
+    :func:`argusdiff.predictors.predictor_spec`, a :class:`~argusdiff.predictors.PredictorSpec`;
+    ``None``: the default reading, :data:`argusdiff.predictors.DEFAULT_PREDICTOR`). Its margin is
+    the headroom the plan provisions over the predicted demand.
+    """
 
     slo_s: float | None = None
     period_s: float = 60.0
-    ewma_alpha: float = 0.5
+    predictor: Any = None
     affinity_window: int = 1000
     formulation: str = "aggregated"
     backend: str = "auto"
     switch_tolerance: float = 0.005
-    margin: float = 1.0
     time_limit_s: float = 5.0
     drop_factor: float = 1.5  # DiffServe drops when queue wait + runtime > drop_factor × SLO
     fallback: Profile | None = None  # ARGUS §4.6: SM levels to switch to when the cache degrades
@@ -82,12 +96,30 @@ class PolicyOptions:
     cache_error_limit: float = 0.05  # share of failed lookups above this counts as degraded
     switch_margin: float = 1.5  # ARGUS §4.6: capacity margin while switching AC -> SM
     probe_periods: int = 1  # healthy periods seen by background probes before switching back
-    overprovision: float = 1.05  # DiffServe's over-provisioning of demand
-    peak_qpm: float | None = None  # diffserve-static provisions for this demand
+    peak_qpm: float | None = None  # diffserve-static provisions for this demand (the anticipated peak)
+    allocation_period_s: float | None = None  # DiffServe re-solves this often (None: 5 s, its artifact)
     # argus+ parts (ablation switches)
     admission: bool = True
     switch_aware: bool = True
     backlog: bool = True
+    # argus+ on a deployment profile with several kinds of path (solver.unified): the path kinds it
+    # may plan ("ac", "sm", "cascade"; None: every path the profile lists), whether it plans and
+    # routes per SLO tier, the tiers' weights in the objective and deadline multipliers (None: the
+    # simulator's defaults, solver.paths.DEFAULT_TIER_DEADLINE)
+    paths: tuple[str, ...] | None = None
+    tiers: bool = True
+    tier_weights: Mapping[str, float] | None = None
+    tier_slo: Mapping[str, float] | None = None
+    # the unified plan's quality model, profiled offline (e.g. from a quality table and the
+    # discriminator's confidences on a prompt set): per class (optimal level) the relative quality at
+    # each level, and per cascade light level its f_c(t) and the kept light images' quality per class
+    # and threshold (None: solver.paths.class_quality_model and solver.paths.ranked_deferral)
+    class_quality: Any = None
+    cascade_tables: Any = None
+    # burst headroom of the interactive tier over the predictor's margin when lower tiers share the
+    # cluster: capacity reserved for a burst of interactive traffic before the next plan
+    first_tier_headroom: float = 2.0
+    threshold_points: int | None = 21  # the unified plan's threshold grid: this many points of each f(t) grid
 
     @classmethod
     def coerce(cls, config: PolicyOptions | Mapping[str, Any] | None) -> PolicyOptions:
@@ -98,7 +130,12 @@ class PolicyOptions:
         unknown = set(config) - set(cls.__dataclass_fields__)
         if unknown:
             raise PolicyError(f"unknown policy option(s): {', '.join(sorted(unknown))}")
-        return cls(**dict(config))
+        out = cls(**dict(config))
+        if out.paths is not None:
+            bad = sorted(set(out.paths) - {"ac", "sm", "cascade"})
+            if bad or not out.paths:
+                raise PolicyError(f"option paths: choose among ac, sm, cascade, got {list(out.paths)}")
+        return out
 
 
 def select_worker(workers: Sequence[str], view: RouteView, proc_s: float | Sequence[float] = 1.0) -> str | None:
@@ -142,6 +179,9 @@ class Policy(abc.ABC):
     uses_classifier: bool = False
     #: whether ``route`` reads RouteView.cache_similarity (the live router then looks it up)
     uses_cache_similarity: bool = False
+    #: whether a rejected light image of a cascade is handed to :meth:`route_heavy` (else the light
+    #: image is the answer)
+    cascade: bool = False
 
     def __init__(
         self,
@@ -161,8 +201,12 @@ class Policy(abc.ABC):
         self.classifier = classifier
         self.options = PolicyOptions.coerce(config)
         self.slo_s = self.options.slo_s if self.options.slo_s is not None else profile.default_slo_s()
+        from argusdiff.predictors import predictor_spec
+
+        self.predictor_spec = predictor_spec(self.options.predictor)
         self._version = 0
-        self._route_cache_version = -1
+        fallback = self.options.fallback
+        self._all_levels = {lv.id: lv for p in (profile, fallback) if p is not None for lv in p.levels}
 
     # ---- control path --------------------------------------------------------------------
 
@@ -176,12 +220,66 @@ class Policy(abc.ABC):
     def route(self, request: Request, plan: Plan, view: RouteView) -> Assignment:
         """The level and worker that serve ``request`` under ``plan``."""
 
+    def route_heavy(self, request: Request, plan: Plan, view: RouteView) -> Assignment:
+        """A cascade deferral (the light image was rejected): the heavy level and worker that redo
+        it, a drop, or ``level=None`` without ``dropped``: the light image is the answer. Default
+        (a policy that does not cascade): the light image."""
+        return Assignment(level=None, reason="the policy does not cascade: light image returned")
+
+    # ---- the data path's entry points (the simulator and the live router call these) -------
+
+    def decide(self, request: Request, plan: Plan, view: RouteView) -> Assignment:
+        """One request's decision: :meth:`route`, then the request's quality floor."""
+        return self.at_least(request, plan, view, self.route(request, plan, view))
+
+    def decide_heavy(self, request: Request, plan: Plan, view: RouteView) -> Assignment:
+        """One cascade deferral's decision: :meth:`route_heavy`, then the request's quality floor."""
+        return self.at_least(request, plan, view, self.route_heavy(request, plan, view))
+
+    def at_least(self, request: Request, plan: Plan, view: RouteView, a: Assignment) -> Assignment:
+        """``a``, or, when its level is below the request's ``min_quality_level``, the fastest level
+        of ``plan`` with a worker that is at least as good (its least loaded worker); no such level:
+        dropped (:data:`FLOOR_UNMET`). A tier needs nothing here: it sets the request's SLO."""
+        floor = request.min_quality_level
+        if floor is None or a.dropped or a.level is None:
+            return a
+        levels = self._all_levels
+        if floor not in levels or a.level not in levels:
+            return a
+        need = levels[floor].quality - 1e-12
+        if levels[a.level].quality >= need:
+            return a
+        for lv in reversed(plan.levels):  # fastest first
+            level = levels.get(lv)
+            if level is None or level.quality < need:
+                continue
+            workers = [w for w, x in plan.assignment.items() if x == lv]
+            if workers:
+                return Assignment(
+                    level=lv,
+                    worker=select_worker(workers, view, level.latency(1)),
+                    optimal_level=a.optimal_level,
+                    best_effort=a.best_effort,
+                    reason="minimum quality level",
+                )
+        return Assignment(level=None, optimal_level=a.optimal_level, dropped=True, reason=FLOOR_UNMET)
+
     def on_served(self, level_id: str, latency_s: float, ok: bool) -> None:  # noqa: B027 - optional hook
         """Feedback after a request finished (``ok``: within its SLO). Default: nothing."""
 
+    def new_demand_predictor(self):
+        """A fresh :class:`~argusdiff.predictors.DemandPredictor` of this policy's reading."""
+        from argusdiff.predictors import DemandPredictor
+
+        return DemandPredictor(self.predictor_spec)
+
     def describe(self) -> dict[str, Any]:
         """What the policy is, for reports (classifier kind and accuracy included)."""
-        out: dict[str, Any] = {"policy": self.name, "profile": self.profile.name}
+        out: dict[str, Any] = {
+            "policy": self.name,
+            "profile": self.profile.name,
+            "predictor": self.predictor_spec.describe(),
+        }
         if self.uses_classifier and self.classifier is not None:
             out["classifier"] = getattr(self.classifier, "description", type(self.classifier).__name__)
         return out
@@ -194,6 +292,32 @@ class Policy(abc.ABC):
 
     def level_ids(self) -> tuple[str, ...]:
         return self.profile.ids
+
+    def no_worker_plan(
+        self,
+        stats: ClusterStats,
+        levels: tuple[str, ...],
+        strategy: Strategy,
+        demand: float,
+        notes: tuple[str, ...] = (),
+    ) -> Plan:
+        """The plan while no worker is up: nothing assigned, uniform shares, all demand a shortfall."""
+        n = len(levels)
+        return Plan(
+            version=self.next_version(),
+            created_s=stats.now_s,
+            strategy=strategy,
+            levels=levels,
+            assignment={},
+            share=tuple(1.0 / n for _ in range(n)),
+            pasm=uniform_pasm([1.0] * n),
+            predicted_qpm=demand,
+            expected_quality=0.0,
+            saturated=True,
+            shortfall_qpm=demand,
+            policy=self.name,
+            notes=("no worker is up", *notes),
+        )
 
     def static_plan(self, stats: ClusterStats, level_id: str, *, note: str = "") -> Plan:
         """Every up worker at ``level_id``; PASM sends every prompt there."""
@@ -218,20 +342,42 @@ class Policy(abc.ABC):
         )
 
 
-class PlanRouting:
-    """Per-plan routing tables (workers per level, cumulative PASM rows) built once per plan."""
+def nearest_served(has_worker: Sequence[Any], j: int) -> int:
+    """The index nearest ``j`` whose entry of ``has_worker`` (levels slowest/best first) is truthy:
+    ``j`` itself, else a faster level first (keeps latency), then a slower one; ``j`` when none is.
+    The data path's fallback for a PASM draw and the control loop's target for queued work of a
+    level the plan no longer serves."""
+    if has_worker[j]:
+        return j
+    n = len(has_worker)
+    for d in range(1, n):
+        if j + d < n and has_worker[j + d]:
+            return j + d
+        if j - d >= 0 and has_worker[j - d]:
+            return j - d
+    return j
 
-    __slots__ = ("cum", "index", "levels", "version", "workers")
+
+class PlanRouting:
+    """The data path's snapshot of one plan: workers per level and cumulative PASM rows, built once
+    per plan and never changed (``route()`` reads only this and the RouteView; ``plan()`` never
+    touches it, so the control path may plan in another thread)."""
+
+    __slots__ = ("cum", "index", "levels", "plan", "version", "workers")
 
     def __init__(self, plan: Plan) -> None:
+        self.plan = plan
         self.version = plan.version
         self.levels = plan.levels
         self.index = {lv: i for i, lv in enumerate(plan.levels)}
-        self.workers: list[list[str]] = [[] for _ in plan.levels]
+        workers: list[list[str]] = [[] for _ in plan.levels]
         for w, lv in plan.assignment.items():
             if lv is not None and lv in self.index:
-                self.workers[self.index[lv]].append(w)
-        self.cum = [np.cumsum(row) for row in plan.pasm]
+                workers[self.index[lv]].append(w)
+        self.workers: tuple[tuple[str, ...], ...] = tuple(tuple(ws) for ws in workers)
+        self.cum = tuple(np.cumsum(row) for row in plan.pasm)
+        for c in self.cum:
+            c.flags.writeable = False
 
     def sample(self, row: int, u: float) -> int:
         """Level index drawn from PASM row ``row`` with uniform ``u``, restricted to levels that
@@ -239,16 +385,7 @@ class PlanRouting:
         cum = self.cum[row]
         j = int(np.searchsorted(cum, u * cum[-1], side="right")) if cum[-1] > 0 else row
         j = min(j, len(self.levels) - 1)
-        return self.nearest_served(j)
+        return nearest_served(self.workers, j)
 
     def nearest_served(self, j: int) -> int:
-        if self.workers[j]:
-            return j
-        n = len(self.levels)
-        for d in range(1, n):
-            # prefer a faster level first (keeps latency), then a slower one
-            if j + d < n and self.workers[j + d]:
-                return j + d
-            if j - d >= 0 and self.workers[j - d]:
-                return j - d
-        return j
+        return nearest_served(self.workers, j)

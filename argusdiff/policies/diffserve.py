@@ -2,10 +2,18 @@
 
 Every query runs on the light model; the discriminator's confidence in the light image decides:
 at or above the threshold t the light image is returned, below it the query is re-run on the heavy
-model. Each control period the MILP (``solver.cascade.solve_cascade``) picks the workers and batch
-sizes of each model and the largest t the cluster can afford for the predicted demand (EWMA ×
-over-provisioning), given the current queues. ``diffserve-static`` solves once for the trace's
-peak demand and keeps that plan (re-solved only when the set of up workers changes).
+model. As the artifact's controller (``src/controller/controller.py``, ``eventLoop``) runs it:
+demand is refreshed every control period (1 s) and the MILP (``solver.cascade.solve_cascade``)
+re-solved every ``allocation_period_s`` (5 s, ``clockCounter % 5 == 0``) — or at once when the
+set of up workers changes — picking the workers and batch sizes of each model and the largest t
+the cluster can afford for the predicted demand (× the predictor's margin, DiffServe's λ), given
+the current queues. Every worker keeps both models loaded (the artifact's ``loadFromStorage``
+loads the light and the heavy model on first use): plans list both in ``preload``, so moving a
+worker between the two is a swap between resident models and costs no load.
+
+``diffserve-static`` is provisioned once for an anticipated peak demand given in advance
+(option ``peak_qpm``; the replay passes the trace's highest 1-minute rate) and keeps that plan
+(re-solved only when the set of up workers changes).
 
 As in the DiffServe artifact, a query is dropped when its queue wait plus the profiled runtime
 would exceed ``drop_factor`` (1.5) × SLO.
@@ -14,7 +22,6 @@ would exceed ``drop_factor`` (1.5) × SLO.
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,7 +30,11 @@ import numpy as np
 from argusdiff.domain import Assignment, ClusterStats, Plan, Profile, Request, Strategy
 from argusdiff.policies.base import Policy, PolicyError, PolicyOptions, RouteView, select_worker
 
-__all__ = ["DiffServe", "DiffServeStatic"]
+__all__ = ["ALLOCATION_PERIOD_S", "DiffServe", "DiffServeStatic"]
+
+#: DiffServe artifact, src/controller/controller.py: ``allocateResources()`` runs when
+#: ``clockCounter % 5 == 0`` in a 1 s event loop
+ALLOCATION_PERIOD_S = 5.0
 
 
 def _bucket_rate(qpm: float) -> float:
@@ -53,33 +64,29 @@ class DiffServe(Policy):
         config: PolicyOptions | Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(profile, rng=rng, classifier=classifier, config=config)
-        from argusdiff.predictors import EwmaDemand
-
         if profile.cascade is None:
             raise PolicyError(f"policy {self.name!r} needs a profile with a [cascade] table, got {profile.name!r}")
         self.spec = profile.cascade
         self.light = profile.level(self.spec.light)
         self.heavy = profile.level(self.spec.heavy)
-        self.demand = EwmaDemand(self.options.ewma_alpha)
-        # with 1 s periods a period holds a handful of arrivals: measure the rate over a window
-        self._window: deque[tuple[int, float]] = deque()
-        self.window_s = 30.0
-        self.move_interval_s = 10.0
-        self._last_move = -1e18
-        self._last_dir = 0
+        self.demand = self.new_demand_predictor()
+        period = self.options.allocation_period_s
+        self.allocation_period_s = ALLOCATION_PERIOD_S if period is None else float(period)
+        if not self.allocation_period_s >= 0:
+            raise PolicyError(f"allocation_period_s: must be >= 0, got {period}")
+        self._plan: Plan | None = None
+        self._workers_up: tuple[str, ...] = ()
+        self._last_alloc = -math.inf
         self._last_feasible: tuple[int, Any] | None = None
         self._memo: dict[tuple, Any] = {}
         self._workers: dict[str, list[str]] = {}
         self._version_seen = -1
-        self.last_solution: Any = None
 
     def demand_qpm(self, stats: ClusterStats) -> float:
-        self._window.append((stats.arrivals, stats.period_s))
-        span = sum(p for _, p in self._window)
-        while len(self._window) > 1 and span - self._window[0][1] >= self.window_s:
-            span -= self._window.popleft()[1]
-        rate = sum(a for a, _ in self._window) * 60.0 / span if span > 0 else 0.0
-        return float(self.demand.update(rate))
+        """The demand estimate (QPM, before the margin), refreshed with each period's arrivals."""
+        if stats.reason == "period":
+            self.demand.observe_stats(stats)
+        return float(self.demand.estimate)
 
     def solve(self, stats: ClusterStats, demand: float):
         """The MILP for this period. Its answer is memoised on rounded inputs (demand to a 4%
@@ -102,7 +109,7 @@ class DiffServe(Policy):
                 self.slo_s,
                 queue_light=ql,
                 queue_heavy=qh,
-                overprovision=self.options.overprovision,
+                overprovision=self.predictor_spec.margin,
                 backend=self.options.backend,
             )
             if len(self._memo) < 100_000:
@@ -131,21 +138,7 @@ class DiffServe(Policy):
     def make_plan(self, stats: ClusterStats, demand: float) -> Plan:
         ids = self.profile.ids
         if not stats.workers:
-            return Plan(
-                version=self.next_version(),
-                created_s=stats.now_s,
-                strategy=Strategy.CASCADE,
-                levels=ids,
-                assignment={},
-                share=tuple(1.0 / len(ids) for _ in ids),
-                pasm=tuple(tuple(1.0 / len(ids) for _ in ids) for _ in ids),
-                predicted_qpm=demand,
-                expected_quality=0.0,
-                saturated=True,
-                shortfall_qpm=demand,
-                policy=self.name,
-                notes=("no worker is up",),
-            )
+            return self.no_worker_plan(stats, ids, Strategy.CASCADE, demand)
         sol = self.solve(stats, demand)
         notes: list[str] = []
         if not getattr(sol, "feasible", True):
@@ -159,13 +152,11 @@ class DiffServe(Policy):
                 notes.append("MILP infeasible: best effort")
         else:
             self._last_feasible = (len(stats.workers), sol)
-        self.last_solution = sol
         x_light, x_heavy = int(sol.x_light), int(sol.x_heavy)
         if x_light < 1:  # every query starts on the light model
             x_light, x_heavy = 1, max(0, x_heavy - 1)
         if x_heavy < 1 and sol.threshold > 0 and x_light > 1:  # deferred queries need a heavy worker
             x_light, x_heavy = x_light - 1, 1
-        x_light, x_heavy = self._limit_moves(stats, demand, x_light, x_heavy)
         assignment = self._assign(stats, x_light, x_heavy)
         t = float(sol.threshold)
         f = self.spec.f(t)
@@ -189,37 +180,33 @@ class DiffServe(Policy):
             batch_sizes={self.light.id: int(sol.b_light), self.heavy.id: int(sol.b_heavy)},
             policy=self.name,
             notes=tuple(notes),
+            preload=self._both_models(stats),
         )
 
+    def _both_models(self, stats: ClusterStats) -> dict[str, tuple[str, ...]]:
+        """Every worker keeps the light and the heavy model loaded (artifact: ``loadFromStorage``)."""
+        both = (self.light.id, self.heavy.id)
+        return {w: both for w in stats.workers}
+
     def plan(self, stats: ClusterStats) -> Plan:
-        return self.make_plan(stats, self.demand_qpm(stats))
+        demand = self.demand_qpm(stats)
+        due = (
+            self._plan is None
+            or stats.workers != self._workers_up
+            or stats.now_s - self._last_alloc >= self.allocation_period_s - 1e-9
+        )
+        if due:
+            self._plan = self.make_plan(stats, demand)
+            self._workers_up = stats.workers
+            self._last_alloc = stats.now_s
+        return self._plan
 
     def _carries(self, sol: Any, demand: float) -> bool:
-        """Whether a split serves ``demand`` (× over-provisioning) at its threshold."""
-        d = demand * self.options.overprovision
+        """Whether a split serves ``demand`` (× the margin) at its threshold."""
+        d = demand * self.predictor_spec.margin
         light = int(sol.x_light) * self.light.throughput_qpm(max(1, int(sol.b_light)))
         heavy = int(sol.x_heavy) * self.heavy.throughput_qpm(max(1, int(sol.b_heavy)))
         return light >= d and heavy >= d * self.spec.f(float(sol.threshold))
-
-    def _limit_moves(self, stats: ClusterStats, demand: float, x_light: int, x_heavy: int) -> tuple[int, int]:
-        """Hysteresis on the worker split: a model load takes seconds, so re-splitting back and forth
-        on 1 s plans would keep workers loading. Moves in the same direction as the last one are
-        taken at once; a reversal waits ``move_interval_s`` after the last move, unless the light
-        workers cannot carry the demand."""
-        cur_light = sum(1 for w in stats.workers if stats.current.get(w) == self.light.id)
-        cur_heavy = sum(1 for w in stats.workers if stats.current.get(w) == self.heavy.id)
-        if cur_light + cur_heavy != len(stats.workers) or cur_light == 0:
-            return x_light, x_heavy  # first plan or workers changed: take the MILP's split
-        if x_light == cur_light:
-            return x_light, x_heavy
-        direction = 1 if x_light > cur_light else -1
-        b = max(self.light.batch_sizes)
-        starved = cur_light * self.light.throughput_qpm(b) < demand * self.options.overprovision
-        if direction == self._last_dir or starved or stats.now_s - self._last_move >= self.move_interval_s:
-            self._last_move = stats.now_s
-            self._last_dir = direction
-            return x_light, x_heavy
-        return cur_light, cur_heavy
 
     # ---- data path -----------------------------------------------------------------------
 
@@ -260,19 +247,19 @@ class DiffServe(Policy):
 class DiffServeStatic(DiffServe):
     name = "diffserve-static"
 
-    def __init__(self, profile, *, rng, classifier=None, config=None) -> None:
-        super().__init__(profile, rng=rng, classifier=classifier, config=config)
-        self._plan: Plan | None = None
-        self._workers_up: tuple[str, ...] = ()
-
     def plan(self, stats: ClusterStats) -> Plan:
         peak = self.options.peak_qpm
         if peak is None:
-            raise PolicyError("policy 'diffserve-static' needs the trace's peak demand (option peak_qpm)")
+            raise PolicyError("policy 'diffserve-static' needs the anticipated peak demand (option peak_qpm)")
         if self._plan is None or stats.workers != self._workers_up:
             idle = ClusterStats(
                 now_s=stats.now_s, period_s=stats.period_s, arrivals=0, workers=stats.workers, current=stats.current
             )
-            self._plan = self.make_plan(idle, peak)
+            self._plan = self.make_plan(idle, float(peak))
             self._workers_up = stats.workers
         return self._plan
+
+    def describe(self) -> dict[str, Any]:
+        out = super().describe()
+        out["predictor"] = f"none: provisioned for an anticipated peak of {self.options.peak_qpm} QPM given in advance"
+        return out

@@ -4,9 +4,10 @@ ARGUS runs either its AC ladder (SD-XL resuming from cached latents, K of N step
 the cache degrades, a ladder of smaller models. :func:`merged_ladder` builds one profile from both:
 every level ordered by profiled quality (best first), the SM level that duplicates the AC model at
 full quality left out (the AC ladder's K = 0 level is the same SD-XL model), and, by default, levels
-*dominated* by another level (no better quality and no faster) pruned — with the shipped A100
-estimates the high-K AC levels (K ≥ 15) are dominated by SD-2.0 / SD-1.5 / SD-1.4, which need no
-cache. The allocation ILP and ODA then work on the merged ladder unchanged.
+*dominated* by another level (no better quality and no faster) pruned — with ``sm-a100`` (ARGUS
+Table 2 latencies) every small model but Tiny-SD is dominated by an AC level; with
+``sm-a100-gputable`` the high-K AC levels (K ≥ 15) are dominated by SD-2.0 / SD-1.5 instead. The
+allocation ILP and ODA then work on the merged ladder unchanged.
 
 An AC level with K > 0 only runs at its profiled speed on a cache hit; on a miss it would run at
 K = 0 (4.2 s on SD-XL). :func:`miss_fallback` names the level a miss goes to instead: the best level

@@ -2,7 +2,11 @@
 
 The allocation ILP picks how many workers run each model for the predicted demand (it pays model
 loads when the mix changes); requests are routed at random — a level drawn from the allocation's
-load shares and a uniformly random worker of that level, without looking at queues or prompts.
+load shares and a uniformly random worker of that level, without looking at queues or prompts
+(the Proteus artifact's ``canary_routing`` spreads each model's load over its devices the same
+way). On a cascade profile (DiffServe §4.1's Proteus baseline) the light and heavy models are a
+two-level ladder: no discriminator, random routing between them. docs/baselines.md lists the
+knobs, their sources and the departures from the Proteus artifact.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ __all__ = ["Proteus"]
 
 class Proteus(Pac):
     name = "proteus"
-    strategies = frozenset({Strategy.SM})
+    strategies = frozenset({Strategy.SM, Strategy.CASCADE})
+    cascade_as_ladder = True
 
     def route(self, request: Request, plan: Plan, view: RouteView) -> Assignment:
         r = self.routing(plan)

@@ -1,13 +1,15 @@
 """Sommelier-style per-GPU model choice (ARGUS §5 baseline): no cluster view.
 
 A front end spreads requests uniformly over the workers. Each worker, every period, looks only at
-its own load — the requests it was sent in the last period plus its own queue — and picks the best
-level whose peak throughput covers that load (its own EWMA of it); it serves everything it gets at
-that level, loading a model whenever its choice changes.
+its own load — the requests it was sent (its own demand predictor, the same reading the other
+policies use, over its own arrivals) plus its own queue — and picks the best level whose peak
+throughput covers that load × the predictor's margin; it serves everything it gets at that level,
+loading a model whenever its choice changes.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,7 +34,10 @@ class Sommelier(Policy):
         config: PolicyOptions | Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(profile, rng=rng, classifier=classifier, config=config)
-        self.sent: dict[str, int] = {}
+        # (worker, send time) of the current period: the data path appends, the control path drains
+        # (a deque: both ends are thread-safe, so plan() may run in another thread without a lock)
+        self.sent: deque[tuple[str, float]] = deque()
+        self.demand: dict[str, Any] = {}  # worker -> its own DemandPredictor
         self.rate: dict[str, float] = {}
         self.choice: dict[str, str] = {}
         self._up: list[str] = []
@@ -44,19 +49,35 @@ class Sommelier(Policy):
         return self.profile.levels[-1].id
 
     def plan(self, stats: ClusterStats) -> Plan:
-        a = self.options.ewma_alpha
         period = stats.period_s
         assignment: dict[str, str | None] = {}
+        nb = max(1, round(period))
+        start = stats.now_s - period
+        margin = self.predictor_spec.margin
+        sent: dict[str, list[float]] = {}
+        if stats.reason == "period":
+            while True:
+                try:
+                    w, t = self.sent.popleft()
+                except IndexError:
+                    break
+                sent.setdefault(w, []).append(t)
         for w in stats.workers:
-            own = self.sent.get(w, 0) * 60.0 / period
-            backlog = stats.queue_lengths.get(w, 0) * 60.0 / period
-            prev = self.rate.get(w)
-            rate = own if prev is None else a * own + (1 - a) * prev
+            pred = self.demand.get(w)
+            if pred is None:
+                pred = self.demand[w] = self.new_demand_predictor()
+            if stats.reason == "period":
+                times = sent.get(w, [])
+                bins = [0] * nb
+                for t in times:
+                    bins[min(nb - 1, max(0, int((t - start) * nb / period)))] += 1
+                pred.observe(len(times), period, bins, period / nb)
+            rate = pred.estimate
             self.rate[w] = rate
-            level = self._pick(rate + backlog)
+            backlog = stats.queue_lengths.get(w, 0) * 60.0 / period
+            level = self._pick(rate * margin + backlog)
             self.choice[w] = level
             assignment[w] = level
-        self.sent.clear()
         self._up = list(stats.workers)
         ids = self.profile.ids
         counts = [sum(1 for v in assignment.values() if v == lv) for lv in ids]
@@ -80,5 +101,5 @@ class Sommelier(Policy):
         if not workers:
             return Assignment(level=self.profile.best.id, worker=None, reason="no worker in the plan")
         w = workers[int(self.rng.integers(len(workers)))]
-        self.sent[w] = self.sent.get(w, 0) + 1
+        self.sent.append((w, view.now_s))
         return Assignment(level=plan.assignment[w], worker=w)

@@ -25,10 +25,12 @@ from argusdiff.config import Settings
 from argusdiff.domain import Profile, Strategy
 from argusdiff.policies import PolicyOptions, make_policy
 from argusdiff.profile import PROFILE_DIR, load_profile
-from argusdiff.service.control import ControlLoop
 from argusdiff.service.dispatch import LocalDispatch, RedisDispatch
+from argusdiff.service.errors import ShuttingDown
 from argusdiff.service.executors import ExecutorFactory, build_cache, level_table
 from argusdiff.service.health import CacheHealth
+from argusdiff.service.images import build_image_store
+from argusdiff.service.leader import ClusterControlLoop
 from argusdiff.service.metrics import ServiceMetrics
 from argusdiff.service.router import Router
 from argusdiff.service.store import LocalControlStore, RedisControlStore
@@ -66,12 +68,11 @@ def policy_options(settings: Settings, profile: Profile, fallback: Profile | Non
     return PolicyOptions(
         slo_s=profile.default_slo_s(),
         period_s=s.control_period_s,
-        ewma_alpha=settings.predictor.ewma_alpha,
+        predictor=settings.predictor.demand,
         affinity_window=settings.predictor.affinity_window,
         backend=settings.solver.backend,
         switch_tolerance=settings.solver.switch_tolerance,
         time_limit_s=settings.solver.time_limit_s,
-        overprovision=settings.solver.overprovision,
         fallback=fallback,
         cache_latency_limit_s=s.cache_latency_threshold_s,
         cache_error_limit=s.cache_error_threshold,
@@ -107,6 +108,7 @@ class Service:
         cache: Any = None,
         cache_probe: Any = None,
         cache_similarity: Any = None,
+        image_store: Any = None,
     ) -> None:
         self.settings = settings
         cfg = self.config = settings.service
@@ -124,11 +126,20 @@ class Service:
             classifier=classifier,
             config=policy_options(settings, self.profile, self.fallback),
         )
+        images = image_store if image_store is not None else build_image_store(settings)
+        memory = int(cfg.result_memory_mb * (1 << 20))
         if cfg.redis_url:
-            self.dispatch: Any = RedisDispatch(cfg.redis_url, namespace=cfg.namespace, result_ttl_s=cfg.result_ttl_s)
+            self.dispatch: Any = RedisDispatch(
+                cfg.redis_url,
+                namespace=cfg.namespace,
+                result_ttl_s=cfg.result_ttl_s,
+                memory_bytes=memory,
+                images=images,
+                min_record_ttl_s=cfg.request_timeout_s + cfg.drain_timeout_s + 60,
+            )
             self.store: Any = RedisControlStore(self.dispatch.queue)
         else:
-            self.dispatch = LocalDispatch(cfg.result_ttl_s)
+            self.dispatch = LocalDispatch(cfg.result_ttl_s, memory_bytes=memory, images=images)
             self.store = LocalControlStore()
         self.cache_health = CacheHealth(
             cfg.cache_window, latency_limit_s=cfg.cache_latency_threshold_s, error_limit=cfg.cache_error_threshold
@@ -140,6 +151,17 @@ class Service:
         if cache_similarity is None and getattr(self.policy, "uses_cache_similarity", False):
             cache_similarity = self._cache_view(cache)
         self.cache_similarity = cache_similarity
+        self.prompt_pass = None
+        both = getattr(self.policy, "uses_classifier", False) and getattr(self.policy, "uses_cache_similarity", False)
+        if both and cache_similarity is not None:
+            from argusdiff.service.prompt_pass import PromptPass
+
+            self.prompt_pass = PromptPass.of(
+                classifier,
+                cache_similarity,
+                max_batch=settings.classifier.max_batch,
+                max_wait_s=settings.classifier.max_wait_s,
+            )
         self.router = Router(
             profile=self.profile,
             policy=self.policy,
@@ -151,13 +173,19 @@ class Service:
             cache_health=self.cache_health,
             sizes=served_sizes(settings, self.profile),
             similarity=cache_similarity,
+            admission=settings.admission.mechanism(time_scale=cfg.stand_in_scale or 1.0),
+            prompt_pass=self.prompt_pass,
         )
+        self.dispatch.on_forget = self.router.forget_items
         if cache_probe is None and cache is not None:
             cache_probe = self._probe_latent_cache
         self.factory = executor_factory or ExecutorFactory(
             self.profile, settings, fallback=self.fallback, cache=cache, stand_in_scale=cfg.stand_in_scale
         )
-        self.control = ControlLoop(
+        self.drift = self._drift_loop(classifier)
+        self.control = ClusterControlLoop(
+            router_id=cfg.router_id,
+            lease_s=cfg.leader_lease_s,
             router=self.router,
             store=self.store,
             queue=self.dispatch.queue,
@@ -183,6 +211,11 @@ class Service:
             for i in range(cfg.workers)
         ]
         self.started = False
+        self.serving: dict[str, str] = {}  # worker -> the level it serves (heartbeats, refreshed)
+        self.waiting_workers: dict[str, dict[str, Any]] = {}  # alive workers serving no level yet
+        self._watcher: asyncio.Task | None = None
+        self._drain: asyncio.Task | None = None
+        self._drain_deadline: float | None = None
 
     def _worker_id(self, i: int) -> str:
         if self.config.redis_url:
@@ -206,6 +239,41 @@ class Service:
             claim_idle_s=max(60.0, 10 * cfg.worker_timeout_s),
         )
 
+    def _drift_loop(self, classifier: Any) -> Any:
+        """The live drift-retraining loop (:mod:`argusdiff.service.drift`) when ``[classifier]
+        drift_sample`` > 0, the policy routes by the classifier and a trained one is loaded."""
+        c = self.settings.classifier
+        uses = getattr(self.policy, "uses_classifier", False)
+        if uses and hasattr(classifier, "version"):
+            self.metrics.classifier_version.set(classifier.version)
+        if not c.drift_sample > 0:
+            return None
+        if not uses or not hasattr(classifier, "swap") or not hasattr(classifier, "level_ids"):
+            log.warning(
+                "[classifier] drift_sample is set, but the drift loop needs a policy that routes by the level "
+                "classifier and a trained one ([classifier] models); it is off"
+            )
+            return None
+        from argusdiff.service.drift import build_drift_loop
+
+        loop = build_drift_loop(self.settings, self.profile, classifier, self.factory, self.metrics)
+        self.dispatch.on_served = loop.observe
+        return loop
+
+    def classifier_status(self) -> dict[str, Any] | None:
+        """The level classifier's version, retrains and drift-loop state (``/v1/plan``); None when
+        the policy routes without a classifier."""
+        if self.drift is not None:
+            return self.drift.status()
+        if not getattr(self.policy, "uses_classifier", False):
+            return None
+        return {
+            "version": int(getattr(self.classifier, "version", 1)),
+            "retrains": 0,
+            "kind": getattr(self.classifier, "description", None) or ("trained" if self.classifier else "none"),
+            "drift": None,
+        }
+
     def _cache_view(self, cache: Any) -> Any:
         """The router's cache-similarity view (:mod:`argusdiff.service.similarity`) for a policy
         that routes by it: over this process's cache, or, for a router without local workers,
@@ -217,19 +285,20 @@ class Service:
         if model is None:
             return None
         c = self.settings.cache
-        if cache is None and c.enabled and c.index == "qdrant" and c.qdrant_url:
+        if cache is None:  # the shared index: replicated through Redis, or the Qdrant server
+            from argusdiff.service.executors import shared_cache_view
             from cache.api import CacheUnavailable
-            from cache.latent_cache import LatentCache
 
             try:
-                cache = LatentCache.from_config(c)
+                cache = shared_cache_view(self.settings)
             except CacheUnavailable as exc:
                 log.warning("no cache-similarity view: %s", exc)
                 return None
         if cache is None:
             log.warning(
                 "policy %s routes by cache similarity, but this router has no view of the latent cache "
-                "(no local AC workers and no shared qdrant_url): every prompt routes as a cache miss",
+                "(no local AC workers, no Redis-replicated index, no shared qdrant_url): every prompt routes "
+                "as a cache miss",
                 self.policy.name,
             )
             return None
@@ -271,43 +340,119 @@ class Service:
             w.heartbeat_once()  # known to the first plan
             w.start()
         self.control.start()
+        if self.drift is not None:
+            self.drift.start()
+        await self._refresh_workers()
+        self._watcher = asyncio.create_task(self._watch_workers(), name="argusdiff-readiness")
         self.started = True
 
-    async def drain(self, timeout_s: float | None = None) -> int:
-        """Stop accepting (503 ``shutting_down``, ``/readyz`` not ready) and, in embedded mode,
-        let the workers finish the accepted images for up to ``timeout_s`` (``[service]
-        drain_timeout_s``): they live only in this process. With Redis they stay queued for the
-        other workers, so nothing waits. Returns the images still unfinished."""
+    # -- readiness -------------------------------------------------------------------------
+
+    async def _refresh_workers(self) -> None:
+        try:
+            alive, _ = await asyncio.to_thread(self.store.heartbeats)
+        except Exception as exc:  # the store (Redis) is down: readiness reports the queue
+            log.debug("cannot read heartbeats: %s", exc)
+            return
+        self.serving = {w: str(info["level"]) for w, info in alive.items() if info.get("level")}
+        self.waiting_workers = {w: info for w, info in alive.items() if not info.get("level")}
+
+    async def _watch_workers(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.heartbeat_s)
+            await self._refresh_workers()
+
+    def not_serving_reason(self) -> str:
+        """Why no worker serves a level, from the workers' heartbeats."""
+        if not self.waiting_workers:
+            return "no worker is up (no heartbeat)"
+        states: dict[str, list[str]] = {}  # one line per distinct state, naming its workers
+        for w, info in sorted(self.waiting_workers.items()):
+            if info.get("last_error"):
+                state = str(info["last_error"])
+                state = state if len(state) <= 400 else state[:397] + "..."
+            elif info.get("loading"):
+                state = f"loading {info['loading']}"
+            else:
+                state = "idle (not in the plan yet)"
+            states.setdefault(state, []).append(w)
+        text = "; ".join(f"{', '.join(ws)}: {state}" for state, ws in states.items())
+        return "no worker serves a level: " + (text if len(text) <= 1000 else text[:997] + "...")
+
+    def readiness(self) -> tuple[bool, str | None]:
+        """(ready, why not): ready while not shutting down, the queue answers, a plan exists and at
+        least one worker serves a level."""
+        if self.router.closing:
+            return False, "shutting down"
+        if self.dispatch.mode == "redis" and not self.dispatch.healthy:
+            return False, "redis is unreachable"
+        plan = self.router.plan
+        if plan is None or not any(lv is not None for lv in plan.assignment.values()):
+            return False, "no plan with a worker yet: the control loop has not run"
+        if not self.serving:
+            return False, self.not_serving_reason()
+        return True, None
+
+    def ready(self) -> bool:
+        return self.readiness()[0]
+
+    # -- shutdown --------------------------------------------------------------------------
+
+    def begin_shutdown(self, timeout_s: float | None = None) -> None:
+        """Stop accepting (503 ``shutting_down``, ``/readyz`` not ready) and give the waiting
+        clients up to ``timeout_s`` (``[service] drain_timeout_s``) for their images; then every
+        wait ends (503 ``shutting_down``). Embedded workers keep serving the accepted images that
+        long (they live only in this process); with Redis the work stays queued for the other
+        workers. Call from the event loop (or its signal handler); idempotent."""
+        if self._drain is not None:
+            return
         self.router.closing = True
-        if self.dispatch.mode != "embedded" or not self.workers:
-            return 0
         limit = self.config.drain_timeout_s if timeout_s is None else timeout_s
-        deadline = time.monotonic() + limit
-        while self.router.inflight and time.monotonic() < deadline:
+        self._drain_deadline = time.monotonic() + limit
+        self._drain = asyncio.get_running_loop().create_task(self._drain_waits(limit), name="argusdiff-drain")
+
+    def _draining(self) -> bool:
+        if self.dispatch.waiting():
+            return True
+        return self.dispatch.mode == "embedded" and bool(self.workers) and bool(self.router.inflight)
+
+    async def _drain_waits(self, limit: float) -> int:
+        assert self._drain_deadline is not None
+        while self._draining() and time.monotonic() < self._drain_deadline:
             await asyncio.sleep(0.05)
-        left = len(self.router.inflight)
-        if left:
-            log.warning("stopping with %d accepted images unfinished after %.0f s of draining", left, limit)
+        ended = self.dispatch.end_waits(ShuttingDown(f"the service is shutting down (drained for {limit:g} s)"))
+        left = len(self.router.inflight) if self.dispatch.mode == "embedded" and self.workers else 0
+        if left or ended:
+            log.warning("stopping after %.0f s of draining: %d accepted images unfinished, %d waits ended",
+                        limit, left, ended)  # fmt: skip
         elif self.router.accepted:
             log.info("drained: every accepted image finished")
         return left
 
+    async def drain(self, timeout_s: float | None = None) -> int:
+        """:meth:`begin_shutdown` and wait for its end. Returns the images still unfinished
+        (embedded mode; with Redis they stay queued for the other workers)."""
+        self.begin_shutdown(timeout_s)
+        assert self._drain is not None
+        return await asyncio.shield(self._drain)
+
     async def stop(self) -> None:
         if self.started:
             await self.drain()
+        if self._watcher is not None:
+            self._watcher.cancel()
         await self.control.stop()
+        for w in self.workers:  # all of them stop taking work now; each finishes its batch in hand
+            w.stop(timeout=0)
+        # the drain waited for the accepted work: a batch still running past it is abandoned
+        deadline = time.monotonic() + max(1.0, (self._drain_deadline or 0.0) - time.monotonic())
         for w in self.workers:
-            w.stop()
+            w.stop(timeout=max(0.0, deadline - time.monotonic()))
         await self.dispatch.close()
-        for part in (self.classifier, self.cache_similarity):
+        if self.drift is not None:
+            await asyncio.to_thread(self.drift.stop)
+        for part in (self.prompt_pass, self.classifier, self.cache_similarity):
             close = getattr(part, "close", None)
             if callable(close):
                 close()
         self.started = False
-
-    def ready(self) -> bool:
-        if self.router.closing:
-            return False
-        plan = self.router.plan
-        ok = plan is not None and any(lv is not None for lv in plan.assignment.values())
-        return ok and (self.dispatch.mode != "redis" or self.dispatch.healthy)

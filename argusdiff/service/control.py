@@ -93,6 +93,7 @@ class ControlLoop:
         for w in sorted(dead):
             for lv in self.level_ids:
                 moved += int(self.queue.requeue_consumer(lv, w) or 0)
+                self.queue.drop_consumer(lv, w)  # its consumer goes with it (nothing pending now)
             self.store.forget_worker(w)
             log.warning("worker %s stopped heartbeating: removed from the plan", w)
         return moved
@@ -133,9 +134,16 @@ class ControlLoop:
         period's arrival rate instead of measuring a partial period."""
         arrivals, affinity, level_arrivals = period
         now = self.clock()
+        bins: tuple[int, ...] = ()
+        bin_s = 0.0
         if elapsed_s is None:
             elapsed = max(1e-3, now - self.last_tick)
             self.last_tick = now
+            take = getattr(self.router, "take_arrival_bins", None)
+            if take is not None:
+                bins, bin_s = take(now - elapsed, now)
+                if sum(bins) != arrivals:  # counted across the tick boundary: the total decides
+                    bins, bin_s = (), 0.0
         else:
             elapsed = elapsed_s
         alive, dead = self.store.heartbeats()
@@ -157,6 +165,7 @@ class ControlLoop:
         workers = tuple(sorted(alive))
         current = {w: info.get("level") for w, info in alive.items()}
         loading = {w: info["loading"] for w, info in alive.items() if info.get("loading")}
+        resident = {w: tuple(info.get("resident") or ()) for w, info in alive.items()}
         view_q = {}
         if self.plan is not None:
             view = self.router.view(now, self.plan, None, self.policy.slo_s)
@@ -175,6 +184,10 @@ class ControlLoop:
             cache_error_rate=health.error_rate(),
             level_queue=level_queue,
             level_arrivals=dict(level_arrivals),
+            arrival_bins=bins,
+            bin_s=bin_s,
+            resident=resident,
+            reason="period" if elapsed_s is None else "replan",
         )
         plan = self.policy.plan(stats)
         plan.validate()
@@ -190,18 +203,20 @@ class ControlLoop:
         return plan
 
     def _migrate_orphans(self, plan: Plan, level_queue: dict[str, int]) -> None:
-        served = [lv for lv in plan.levels if lv in set(plan.assignment.values())]
+        from argusdiff.policies.base import nearest_served
+
+        served = {lv for lv in plan.assignment.values() if lv is not None}
         if not served:
             return
         order = list(self.level_ids)
+        has_worker = [lv in served for lv in order]
         # AC levels a served level's workers take from as well (workers.loop)
         covered = {lv for s in served for lv in plan.unserved_siblings(self.levels, s)}
         for lv, depth in level_queue.items():
-            if depth <= 0 or lv in served or lv in covered:
+            if depth <= 0 or lv in served or lv in covered or lv not in order:
                 continue
-            i = order.index(lv)
-            # nearest served level, faster first (keeps deadlines), else the next better one
-            target = min(served, key=lambda s, i=i: (abs(order.index(s) - i) if s in order else 99, order.index(s) < i))
+            # the data path's fallback: the nearest served level, faster first (keeps deadlines)
+            target = order[nearest_served(has_worker, order.index(lv))]
             try:
                 n = int(self.queue.migrate(lv, target))
             except Exception as exc:

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 from argusdiff.errors import ArgusdiffError
 
-__all__ = ["ApiError", "QueueUnavailable", "error_body"]
+__all__ = ["ApiError", "QueueUnavailable", "ShuttingDown", "WorkLost", "error_body"]
 
 
 class QueueUnavailable(ArgusdiffError):
     """The work queue (Redis) cannot be reached; the request was NOT accepted."""
+
+
+class WorkLost(ArgusdiffError):
+    """Accepted work that nothing will finish: the queue lost it (Redis restarted without AOF)."""
+
+
+class ShuttingDown(ArgusdiffError):
+    """The router stopped waiting because it is shutting down."""
 
 
 class ApiError(ArgusdiffError):

@@ -45,6 +45,12 @@ class ServiceMetrics:
         self.workers_up = Gauge("argusdiff_workers_up", "Workers with a recent heartbeat", registry=r)
         self.workers_at = Gauge("argusdiff_workers_at_level", "Workers assigned to each level", ["level"], registry=r)
         self.requeued = Counter("argusdiff_requeued", "Work items re-queued from dead workers", registry=r)
+        self.cascade_handoffs = Counter(
+            "argusdiff_cascade_handoffs",
+            "Cascade deferrals by the policy's decision (heavy: redone at the heavy level)",
+            ["outcome"],
+            registry=r,
+        )
         self.cache_lookups = Counter(
             "argusdiff_cache_lookups", "Latent cache lookups by result (hit, miss, error)", ["result"], registry=r
         )
@@ -70,7 +76,36 @@ class ServiceMetrics:
         self.strategy_switches = Counter(
             "argusdiff_strategy_switches", "AC<->SM switches by direction", ["to"], registry=r
         )
+        self.refused = Counter(
+            "argusdiff_refused",
+            "Requests refused with 429 overloaded, by who refused (policy; admission: definitely late, queue cap)",
+            ["reason"],
+            registry=r,
+        )
         self.queue_errors = Counter("argusdiff_queue_errors", "Failed queue (Redis) operations", registry=r)
+        self.result_memory = Gauge(
+            "argusdiff_result_memory_bytes", "Router memory held by finished results and their images", registry=r
+        )
+        self.results_evicted = Gauge(
+            "argusdiff_results_evicted", "Results evicted from router memory over its budget (since start)", registry=r
+        )
+
+        # the live drift loop (argusdiff.service.drift)
+        self.classifier_version = Gauge(
+            "argusdiff_classifier_version", "Version of the level classifier serving (1 + retrains swapped in)",
+            registry=r,
+        )  # fmt: skip
+        self.classifier_retrains = Counter(
+            "argusdiff_classifier_retrains", "Drift-triggered retrains swapped in", registry=r
+        )
+        self.drift_window_quality = Gauge(
+            "argusdiff_drift_window_quality", "Median quality score of the last completed drift window", registry=r
+        )
+        self.drift_baseline = Gauge(
+            "argusdiff_drift_baseline", "Moving average of earlier window medians at the last drift flag", registry=r
+        )
+        self.drift_events = Counter("argusdiff_drift_events", "Windows flagged as drifted", registry=r)
+        self.drift_scored = Counter("argusdiff_drift_scored", "Served images scored by the drift loop", registry=r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

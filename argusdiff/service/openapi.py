@@ -1,225 +1,181 @@
-"""The OpenAPI 3.1 document of the REST API, generated from what this deployment accepts
-(level ids, sizes, limits), so ``/openapi.json`` matches the validation exactly."""
+"""``/openapi.json``, rendered from the pydantic models of :mod:`argusdiff.service.schemas` (the same
+models validate the requests and build the responses) and one table of the routes."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
 from argusdiff import __version__
-from argusdiff.service.schemas import MAX_SEED, QUALITIES, RESPONSE_FORMATS, STYLES, Limits
+from argusdiff.service import schemas as s
 
-__all__ = ["openapi_document"]
+__all__ = ["OPERATIONS", "Operation", "openapi_document"]
 
-
-def _error(description: str) -> dict[str, Any]:
-    return {
-        "description": description,
-        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
-    }
+Body = type[BaseModel] | tuple[type[BaseModel], ...] | str | None  # a model, any of several, a media type
 
 
-def openapi_document(limits: Limits, *, auth: bool, tiers: tuple[str, ...]) -> dict[str, Any]:
-    prompt = {"type": "string", "minLength": 1, "maxLength": limits.max_prompt_chars, "pattern": r"\S"}
-    common = {
-        "prompt": prompt,
-        "model": {"type": "string", "enum": list(limits.models)},
-        "n": {"type": "integer", "minimum": 1, "maximum": limits.max_n, "default": 1},
-        "size": {"type": "string", "enum": ["auto", *limits.sizes]},
-        "user": {"type": "string", "maxLength": 256},
-    }
-    openai_req = {
-        "type": "object",
-        "required": ["prompt"],
-        "additionalProperties": False,
-        "properties": {
-            **common,
-            "quality": {"type": "string", "enum": list(QUALITIES)},
-            "response_format": {"type": "string", "enum": list(RESPONSE_FORMATS), "default": "url"},
-            "style": {"type": "string", "enum": list(STYLES)},
-        },
-    }
-    native_req = {
-        "type": "object",
-        "required": ["prompt"],
-        "additionalProperties": False,
-        "properties": {
-            **common,
-            "response_format": {"type": "string", "enum": list(RESPONSE_FORMATS), "default": "b64_json"},
-            "seed": {"type": "integer", "minimum": 0, "maximum": MAX_SEED},
-            "slo_s": {"type": "number", "exclusiveMinimum": 0, "maximum": limits.max_slo_s},
-            "tier": {"type": "string", "enum": list(tiers)},
-            "min_quality_level": {"type": "string", "enum": list(limits.levels)},
-            "wait": {"type": "boolean", "default": True},
-        },
-    }
-    image = {
-        "type": "object",
-        "properties": {"b64_json": {"type": "string"}, "url": {"type": "string"}, "revised_prompt": {"type": "string"}},
-    }
-    native_image = {
-        "type": "object",
-        "properties": {
-            "b64_json": {"type": "string"},
-            "url": {"type": "string"},
-            "level": {"type": "string"},
-            "requested_level": {"type": ["string", "null"]},
-            "optimal_level": {"type": ["string", "null"]},
-            "worker": {"type": ["string", "null"]},
-            "seed": {"type": ["integer", "null"]},
-            "cache_hit": {"type": "boolean"},
-            "k_used": {"type": "integer"},
-            "deferred": {"type": "boolean"},
-            "latency_s": {"type": ["number", "null"]},
-            "slo_met": {"type": ["boolean", "null"]},
-            "timings": {"type": "object", "additionalProperties": {"type": "number"}},
-        },
-    }
-    busy = {**_error("overloaded or no capacity at the requested quality; see Retry-After")}
-    unavailable = _error("not ready or the work queue is unavailable; nothing was accepted; see Retry-After")
-    gen_responses = {
-        "400": _error("invalid request; `param` names the field"),
-        "401": _error("missing or invalid API key"),
-        "413": _error("request body too large"),
-        "429": busy,
-        "503": unavailable,
-    }
-    secured = [{"bearer": []}] if auth else []
+@dataclass(frozen=True, slots=True)
+class Operation:
+    path: str
+    method: str
+    operation_id: str
+    summary: str
+    responses: dict[int, tuple[str, Body]]
+    request: str | None = None  # "openai" / "native": the deployment's request model
+    secured: bool = True
+    path_params: tuple[str, ...] = ()
+    streams: bool = False  # 200 may also be text/event-stream
+    idempotent: bool = False  # takes an Idempotency-Key header (argusdiff.service.idempotency)
+
+
+_REJECTED = {
+    400: ("invalid request; `param` names the field", s.ErrorResponse),
+    401: ("missing or invalid API key", s.ErrorResponse),
+    408: ("the request body did not arrive within body_timeout_s", s.ErrorResponse),
+    413: ("request body too large", s.ErrorResponse),
+    429: ("overloaded, or no capacity at the requested quality; nothing was accepted; see Retry-After",
+          s.ErrorResponse),
+    503: ("no worker serves a level yet, shutting down, the queue is unavailable, or the accepted work was lost; "
+          "see Retry-After", s.ErrorResponse),
+}  # fmt: skip
+_KEYED = {
+    409: ("another attempt with this Idempotency-Key is still being accepted; see Retry-After", s.ErrorResponse),
+    422: ("this Idempotency-Key was used with a different request body", s.ErrorResponse),
+}
+_IDEMPOTENCY_KEY = {
+    "name": "Idempotency-Key",
+    "in": "header",
+    "required": False,
+    "schema": {"type": "string", "pattern": "^[!-~]{1,255}$"},
+    "description": "a retry with the same key and body, through any router, gets the original generation",
+}
+
+OPERATIONS: tuple[Operation, ...] = (
+    Operation(
+        "/v1/images/generations", "post", "createImage", "Generate images (OpenAI Images API; stream: true for SSE)",
+        {200: ("generated images; with stream: true, server-sent events", s.ImagesResponse),
+         500: ("a worker failed the image", s.ErrorResponse),
+         504: ("not finished within request_timeout_s; the work stays queued", s.ErrorResponse), **_REJECTED,
+         **_KEYED},
+        request="openai", streams=True, idempotent=True,
+    ),
+    Operation(
+        "/v1/argusdiff/generations", "post", "createGeneration",
+        "Generate images with an SLO, tier, minimum quality level and seed",
+        {200: ("generated images with the serving level, timings and cache use", s.NativeGeneration),
+         202: ("accepted (wait = false, or still running); poll Location", s.GenerationAccepted),
+         500: ("a worker failed the image", s.ErrorResponse), **_REJECTED, **_KEYED},
+        request="native", idempotent=True,
+    ),
+    Operation(
+        "/v1/argusdiff/generations/{id}", "get", "getGeneration", "Status or result of an accepted generation",
+        {200: ("completed", s.NativeGeneration), 202: ("still queued or running", s.GenerationAccepted),
+         401: _REJECTED[401], 404: ("unknown or expired id", s.ErrorResponse),
+         410: ("finished, but its image is no longer kept (it was delivered)", s.ErrorResponse),
+         500: ("a worker failed the image", s.ErrorResponse)},
+        path_params=("id",),
+    ),
+    Operation(
+        "/v1/images/{image_id}", "get", "getImage", "A generated image (the target of local `url` responses)",
+        {200: ("the image", "image/*"), 404: ("unknown or expired image", s.ErrorResponse)},
+        secured=False, path_params=("image_id",),
+    ),
+    Operation("/v1/models", "get", "listModels", "The model names this deployment accepts",
+              {200: ("model names (model_name, the profile, the aliases)", s.ModelList)}),
+    Operation("/v1/plan", "get", "getPlan", "Allocation, PASM, thresholds, predicted load, workers, cache health",
+              {200: ("the plan in force", "application/json"), 503: ("no plan yet", s.ErrorResponse)}),
+    Operation("/v1/cluster", "get", "getCluster", "Routers, the leader and its fencing token, workers, the plan",
+              {200: ("the cluster (argusdiff status)", "application/json"),
+               503: ("redis unavailable", s.ErrorResponse)}),
+    Operation("/healthz", "get", "healthz", "Liveness", {200: ("alive", s.Health)}, secured=False),
+    Operation("/readyz", "get", "readyz", "Readiness: at least one worker serves a level",
+              {200: ("ready", s.Readiness), 503: ("not ready; `reason` says why", s.Readiness)}, secured=False),
+    Operation("/metrics", "get", "metrics", "Prometheus metrics", {200: ("Prometheus text format", "text/plain")},
+              secured=False),
+)  # fmt: skip
+
+_STREAM_EVENTS = (s.ImagePartialEvent, s.ImageCompletedEvent, s.ProgressEvent, s.ErrorResponse)
+
+
+@dataclass
+class _Schemas:
+    """Collects models and renders each once under ``#/components/schemas``."""
+
+    models: dict[tuple[type[BaseModel], str], None] = field(default_factory=dict)
+
+    def add(self, model: type[BaseModel], mode: str) -> None:
+        self.models[(model, mode)] = None
+
+    def render(self) -> tuple[dict[tuple[type[BaseModel], str], Any], dict[str, Any]]:
+        refs, top = models_json_schema(list(self.models), ref_template="#/components/schemas/{model}")  # type: ignore[arg-type]
+        return refs, top.get("$defs", {})
+
+
+def _content(body: Body, refs: dict) -> dict[str, Any]:
+    if body is None:
+        return {}
+    if isinstance(body, str):
+        return {body: {}}
+    models = body if isinstance(body, tuple) else (body,)
+    schemas = [refs[(m, "serialization")] for m in models]
+    return {"application/json": {"schema": schemas[0] if len(schemas) == 1 else {"oneOf": schemas}}}
+
+
+def openapi_document(limits: s.Limits, *, auth: bool) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of a deployment with ``limits`` (``auth``: Bearer keys are set)."""
+    openai_req, native_req = s.request_models(limits)
+    requests = {"openai": openai_req, "native": native_req}
+    reg = _Schemas()
+    for model in requests.values():
+        reg.add(model, "validation")
+    for op in OPERATIONS:
+        for _, body in op.responses.values():
+            for model in body if isinstance(body, tuple) else (body,):
+                if isinstance(model, type):
+                    reg.add(model, "serialization")
+    for model in _STREAM_EVENTS:
+        reg.add(model, "serialization")
+    refs, defs = reg.render()
+    paths: dict[str, dict[str, Any]] = {}
+    for op in OPERATIONS:
+        entry: dict[str, Any] = {"operationId": op.operation_id, "summary": op.summary}
+        if op.secured and auth:
+            entry["security"] = [{"bearer": []}]
+        if op.path_params:
+            entry["parameters"] = [
+                {"name": p, "in": "path", "required": True, "schema": {"type": "string", "maxLength": 128}}
+                for p in op.path_params
+            ]
+        if op.idempotent:
+            entry["parameters"] = [*entry.get("parameters", []), dict(_IDEMPOTENCY_KEY)]
+        if op.request is not None:
+            schema = refs[(requests[op.request], "validation")]
+            entry["requestBody"] = {"required": True, "content": {"application/json": {"schema": schema}}}
+        responses = {}
+        for status, (description, body) in sorted(op.responses.items()):
+            response: dict[str, Any] = {"description": description}
+            content = _content(body, refs)
+            if status == 200 and op.streams:
+                events = [refs[(m, "serialization")] for m in _STREAM_EVENTS]
+                content["text/event-stream"] = {"schema": {"oneOf": events}}
+            if content:
+                response["content"] = content
+            responses[str(status)] = response
+        entry["responses"] = responses
+        paths.setdefault(op.path, {})[op.method] = entry
     doc: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {
             "title": "argusdiff",
             "version": __version__,
-            "description": "Quality-aware text-to-image serving. OpenAI-compatible Images API plus a native endpoint.",
+            "description": "Quality-aware text-to-image serving: the OpenAI Images API (with streaming) and a "
+            "native endpoint with SLOs, tiers and quality floors.",
         },
-        "paths": {
-            "/v1/images/generations": {
-                "post": {
-                    "operationId": "createImage",
-                    "summary": "Generate images (OpenAI Images API)",
-                    "security": secured,
-                    "requestBody": {"required": True, "content": {"application/json": {"schema": openai_req}}},
-                    "responses": {
-                        "200": {
-                            "description": "generated images",
-                            "content": {
-                                "application/json": {
-                                    "schema": {
-                                        "type": "object",
-                                        "required": ["created", "data"],
-                                        "properties": {
-                                            "created": {"type": "integer"},
-                                            "data": {"type": "array", "items": image},
-                                        },
-                                    }
-                                }
-                            },
-                        },
-                        **gen_responses,
-                    },
-                }
-            },
-            "/v1/argusdiff/generations": {
-                "post": {
-                    "operationId": "createGeneration",
-                    "summary": "Generate images with an SLO, tier, minimum quality level and seed",
-                    "security": secured,
-                    "requestBody": {"required": True, "content": {"application/json": {"schema": native_req}}},
-                    "responses": {
-                        "200": {
-                            "description": "generated images with the serving level, timings and cache use",
-                            "content": {
-                                "application/json": {
-                                    "schema": {
-                                        "type": "object",
-                                        "properties": {
-                                            "id": {"type": "string"},
-                                            "created": {"type": "integer"},
-                                            "status": {"type": "string"},
-                                            "data": {"type": "array", "items": native_image},
-                                        },
-                                    }
-                                }
-                            },
-                        },
-                        "202": {"description": "accepted (wait = false, or still running); poll the id"},
-                        **gen_responses,
-                    },
-                }
-            },
-            "/v1/argusdiff/generations/{id}": {
-                "get": {
-                    "operationId": "getGeneration",
-                    "summary": "Status or result of an accepted generation",
-                    "security": secured,
-                    "parameters": [{"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}],
-                    "responses": {
-                        "200": {"description": "completed"},
-                        "202": {"description": "still queued or running"},
-                        "401": _error("missing or invalid API key"),
-                        "404": _error("unknown or expired id"),
-                    },
-                }
-            },
-            "/v1/images/{image_id}": {
-                "get": {
-                    "operationId": "getImage",
-                    "summary": "A generated image (the target of `url` responses), until it expires",
-                    "parameters": [{"name": "image_id", "in": "path", "required": True, "schema": {"type": "string"}}],
-                    "responses": {
-                        "200": {"description": "PNG image", "content": {"image/png": {}}},
-                        "404": _error("unknown or expired image"),
-                    },
-                }
-            },
-            "/v1/models": {
-                "get": {
-                    "operationId": "listModels",
-                    "security": secured,
-                    "responses": {"200": {"description": "the model names this deployment accepts"}},
-                }
-            },
-            "/v1/plan": {
-                "get": {
-                    "operationId": "getPlan",
-                    "summary": "Allocation, PASM, thresholds, predicted load, saturation, workers, cache health",
-                    "security": secured,
-                    "responses": {"200": {"description": "the plan in force"}, "503": unavailable},
-                }
-            },
-            "/healthz": {"get": {"operationId": "healthz", "responses": {"200": {"description": "alive"}}}},
-            "/readyz": {
-                "get": {
-                    "operationId": "readyz",
-                    "responses": {"200": {"description": "a plan with a worker exists"}, "503": unavailable},
-                }
-            },
-            "/metrics": {
-                "get": {
-                    "operationId": "metrics",
-                    "responses": {"200": {"description": "Prometheus text format", "content": {"text/plain": {}}}},
-                }
-            },
-        },
-        "components": {
-            "schemas": {
-                "Error": {
-                    "type": "object",
-                    "required": ["error"],
-                    "properties": {
-                        "error": {
-                            "type": "object",
-                            "required": ["message", "type"],
-                            "properties": {
-                                "message": {"type": "string"},
-                                "type": {"type": "string"},
-                                "param": {"type": ["string", "null"]},
-                                "code": {"type": ["string", "null"]},
-                            },
-                        }
-                    },
-                }
-            }
-        },
+        "paths": paths,
+        "components": {"schemas": defs},
     }
     if auth:
         doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}

@@ -29,6 +29,10 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         "margin": plan.margin,
         "policy": plan.policy,
         "notes": list(plan.notes),
+        "preload": {w: list(lvs) for w, lvs in plan.preload.items()},
+        "tier_pasm": {t: [list(row) for row in rows] for t, rows in plan.tier_pasm.items()},
+        "cascades": dict(plan.cascades),
+        "reserved": dict(plan.reserved),
     }
 
 
@@ -51,4 +55,11 @@ def plan_from_dict(data: dict[str, Any]) -> Plan:
         margin=float(data.get("margin", 1.0)),
         policy=str(data.get("policy", "")),
         notes=tuple(data.get("notes") or ()),
+        preload={str(w): tuple(lvs) for w, lvs in (data.get("preload") or {}).items()},
+        tier_pasm={
+            str(t): tuple(tuple(float(x) for x in row) for row in rows)
+            for t, rows in (data.get("tier_pasm") or {}).items()
+        },
+        cascades={str(k): str(v) for k, v in (data.get("cascades") or {}).items()},
+        reserved={str(k): str(v) for k, v in (data.get("reserved") or {}).items()},
     )

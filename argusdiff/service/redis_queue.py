@@ -8,11 +8,14 @@ Layout under a namespace ``ns`` (default ``argusdiff``):
   (XPENDING for that consumer → XCLAIM → XADD a copy with ``attempt + 1`` → XACK), and as a last
   resort any worker re-claims entries idle longer than ``claim_idle_s`` with XAUTOCLAIM.
 * ``ns:result:<request id>`` — the result JSON, with expiry (``result_ttl_s``);
-  ``ns:done`` — a capped stream of finished request ids the router listens on.
+  ``ns:done`` — a capped stream of finished request ids the router listens on (a cascade
+  deferral is published there too, its result carrying a ``handoff`` item; the router that sets
+  ``ns:handoff:<request id>`` first asks its policy what follows);
 * ``ns:plan`` — the plan in force (JSON); ``ns:hb:<worker>`` — heartbeat hashes with expiry;
   ``ns:workers`` — every worker id seen (a member without a heartbeat key is dead).
-* ``ns:req:<request id>`` — accepted requests, so a restarted router can still answer polls;
-  ``ns:img:<id>`` — PNG bytes served at ``GET /v1/images/<id>``, with expiry.
+* ``ns:req:<request id>`` — accepted requests, so a restarted router can still answer polls (and a
+  vanished one tells a waiting router that Redis lost the work);
+* ``ns:events`` — pub/sub channel of step events (progress, partial images) of streamed items.
 
 :class:`RedisWorkQueue` is the synchronous side (workers, control loop, tools);
 :class:`AsyncRedisDispatch` the router's asyncio side.
@@ -20,6 +23,7 @@ Layout under a namespace ``ns`` (default ``argusdiff``):
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import time
@@ -29,7 +33,7 @@ from typing import Any
 
 import redis
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisError, ResponseError, WatchError
 
 from argusdiff.service.errors import QueueUnavailable
 from workers.executor import WorkItem, WorkResult
@@ -51,6 +55,7 @@ def summarize(result: WorkResult) -> dict[str, Any]:
         "lookup_s": float(t.get("cache_lookup_s", 0.0)),
         "fetch_s": float(t.get("latent_fetch_s", 0.0)),
         "finished_s": result.finished_s,
+        "handoff": None if result.handoff is None else result.handoff.level,
     }
 
 
@@ -63,6 +68,23 @@ class RedisKeys:
         self.plan_channel = f"{namespace}:plan-changed"
         self.workers = f"{namespace}:workers"
         self.deployment = f"{namespace}:deployment"
+        self.events = f"{namespace}:events"
+        # many routers (argusdiff.service.leader): the lease, its fencing tokens, the plan's version,
+        # the policy state published with it and the log of plan writes
+        self.leader = f"{namespace}:leader"
+        self.leader_epoch = f"{namespace}:leader:epoch"
+        self.plan_version = f"{namespace}:plan:version"
+        self.plan_state = f"{namespace}:plan:state"
+        self.plan_log = f"{namespace}:plan:log"
+        # what a worker reads of a plan: its own entry (``plan:assign``, worker -> level JSON) and
+        # the plan without the assignment (``plan:view``, see :func:`worker_view`)
+        self.plan_assign = f"{namespace}:plan:assign"
+        self.plan_view = f"{namespace}:plan:view"
+        self.workers_beat = f"{namespace}:workers:beat"  # worker id -> heartbeat expiry (ZSET)
+
+    def handoff(self, request_id: str) -> str:
+        """Set (NX) by the one router that decides a cascade hand-off of ``request_id``."""
+        return f"{self.ns}:handoff:{request_id}"
 
     def stream(self, level_id: str) -> str:
         return f"{self.ns}:q:{level_id}"
@@ -76,8 +98,41 @@ class RedisKeys:
     def request(self, request_id: str) -> str:
         return f"{self.ns}:req:{request_id}"
 
-    def image(self, image_id: str) -> str:
-        return f"{self.ns}:img:{image_id}"
+
+def event_to_json(request_id: str, event: dict[str, Any]) -> str:
+    """A step event on the wire: the partial image's PNG as base64."""
+    data = {k: v for k, v in event.items() if k != "png"}
+    if event.get("png") is not None:
+        data["png_b64"] = base64.b64encode(event["png"]).decode("ascii")
+    return json.dumps({"id": request_id, "event": data})
+
+
+def event_from_json(raw: str | bytes) -> tuple[str, dict[str, Any]]:
+    msg = json.loads(raw)
+    event = dict(msg["event"])
+    png = event.pop("png_b64", None)
+    if png is not None:
+        event["png"] = base64.b64decode(png)
+    return str(msg["id"]), event
+
+
+#: Delete a stream entry only if no consumer has it pending (no worker took it): 1 when deleted.
+_CANCEL_QUEUED = """
+local pending = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
+if #pending > 0 then return 0 end
+return redis.call('XDEL', KEYS[1], ARGV[2])
+"""
+
+
+def worker_view(plan_json: dict[str, Any]) -> dict[str, Any]:
+    """The plan as a worker reads it: everything but the assignment, which keeps one worker of
+    each served level (so the served levels stay what they are: ``Plan.unserved_siblings``). The
+    worker adds its own entry from ``plan:assign``. A 10,000-worker plan is ~0.3 MB; this is ~1 KB."""
+    keep: dict[str, Any] = {}
+    for w, lv in (plan_json.get("assignment") or {}).items():
+        if lv is not None and lv not in keep.values():
+            keep[w] = lv
+    return {**plan_json, "assignment": keep}
 
 
 def _decode(value: Any) -> str:
@@ -117,6 +172,8 @@ class RedisWorkQueue:
         self.claim_idle_ms = int(claim_idle_s * 1000)
         self._groups: set[str] = set()
         self._last_autoclaim: dict[str, float] = {}
+        self._plan_cache: tuple[Any, dict] | None = None
+        self._view_cache: tuple[Any, dict] | None = None
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -235,6 +292,10 @@ class RedisWorkQueue:
 
         self._call(_result)
 
+    def publish_event(self, request_id: str, event: dict[str, Any]) -> None:
+        """A step event of a streamed item, for the router that streams it (best effort)."""
+        self._call(self.r.publish, self.keys.events, event_to_json(request_id, event))
+
     def fetch_result(self, request_id: str) -> WorkResult | None:
         raw = self._call(self.r.get, self.keys.result(request_id))
         return None if raw is None else WorkResult.from_dict(json.loads(raw))
@@ -310,6 +371,8 @@ class RedisWorkQueue:
         return self._call(_requeue)
 
     def drop_consumer(self, level_id: str, consumer: str) -> None:
+        """Forget a dead worker's consumer in ``level_id``'s group (after :meth:`requeue_consumer`),
+        so the group's consumer list does not grow with every worker that ever ran."""
         stream = self._ensure_group(level_id)
         self._call(self.r.xgroup_delconsumer, stream, self.keys.group, consumer)
 
@@ -343,19 +406,61 @@ class RedisWorkQueue:
     # -- plan and heartbeats ---------------------------------------------------------------
 
     def publish_plan(self, plan_json: dict[str, Any]) -> None:
+        """Unfenced (a single router, tools); many routers publish through
+        :class:`argusdiff.service.leader.FencedPlanStore`, which writes the same keys."""
         raw = json.dumps(plan_json)
+        assign = {w: json.dumps(lv) for w, lv in (plan_json.get("assignment") or {}).items()}
 
         def _pub():
             pipe = self.r.pipeline(transaction=True)
             pipe.set(self.keys.plan, raw)
+            pipe.set(self.keys.plan_view, json.dumps(worker_view(plan_json)))
+            pipe.delete(self.keys.plan_assign)
+            if assign:
+                pipe.hset(self.keys.plan_assign, mapping=assign)
+            pipe.set(self.keys.plan_version, int(plan_json.get("version", 0)))
             pipe.publish(self.keys.plan_channel, str(plan_json.get("version", "")))
             pipe.execute()
 
         self._call(_pub)
 
+    def read_plan_for(self, worker_id: str) -> dict[str, Any] | None:
+        """The plan as ``worker_id`` needs it (:func:`worker_view` plus its own entry), read only
+        when the version changed; the whole plan where no view is published."""
+        version = self._call(self.r.get, self.keys.plan_version)
+        cached = self._view_cache
+        if version is not None and cached is not None and cached[0] == version:
+            return cached[1]
+
+        def _read():
+            pipe = self.r.pipeline(transaction=True)
+            pipe.get(self.keys.plan_version)
+            pipe.get(self.keys.plan_view)
+            pipe.hget(self.keys.plan_assign, worker_id)
+            return pipe.execute()
+
+        version, view, mine = self._call(_read)
+        if view is None:
+            return self.read_plan()
+        data = json.loads(view)
+        assignment = {w: lv for w, lv in data["assignment"].items() if w != worker_id}
+        if mine is not None:
+            assignment[worker_id] = json.loads(mine)
+        data["assignment"] = assignment
+        self._view_cache = (version, data)
+        return data
+
     def read_plan(self) -> dict[str, Any] | None:
+        """The published plan; when routers publish it fenced (``ns:plan:version`` set), the plan
+        itself is read only when its version changed (a 10,000-worker plan is ~0.5 MB)."""
+        version = self._call(self.r.get, self.keys.plan_version)
+        cached = self._plan_cache
+        if version is not None and cached is not None and cached[0] == version:
+            return cached[1]
         raw = self._call(self.r.get, self.keys.plan)
-        return None if raw is None else json.loads(raw)
+        data = None if raw is None else json.loads(raw)
+        self._plan_cache = (version, data) if version is not None and data is not None else None
+        return data
 
     def publish_deployment(self, data: dict[str, Any]) -> None:
         """What the router serves (profile names), so a worker started without --profile can follow."""
@@ -374,13 +479,36 @@ class RedisWorkQueue:
             pipe.hset(key, mapping=mapping)
             pipe.pexpire(key, max(1, int(ttl_s * 1000)))
             pipe.sadd(self.keys.workers, worker_id)
+            pipe.zadd(self.keys.workers_beat, {worker_id: time.time() + ttl_s})
             pipe.execute()
 
         self._call(_beat)
 
     def leave(self, worker_id: str) -> None:
         """A worker shutting down cleanly: heartbeat gone at once."""
-        self._call(self.r.delete, self.keys.heartbeat(worker_id))
+
+        def _leave():
+            pipe = self.r.pipeline(transaction=True)
+            pipe.delete(self.keys.heartbeat(worker_id))
+            pipe.zadd(self.keys.workers_beat, {worker_id: 0})
+            pipe.execute()
+
+        self._call(_leave)
+
+    def membership(self) -> tuple[set[str], set[str]]:
+        """(ids whose heartbeat has not expired, ids whose heartbeat expired and are not forgotten),
+        from one sorted set: cheap enough to ask every heartbeat with 10,000 workers, where
+        :meth:`heartbeats` reads and parses every heartbeat hash."""
+
+        def _m():
+            now = time.time()
+            pipe = self.r.pipeline(transaction=False)
+            pipe.zrangebyscore(self.keys.workers_beat, f"({now}", "+inf")
+            pipe.zrangebyscore(self.keys.workers_beat, "-inf", now)
+            alive, expired = pipe.execute()
+            return {_decode(w) for w in alive}, {_decode(w) for w in expired}
+
+        return self._call(_m)
 
     def heartbeats(self) -> tuple[dict[str, dict[str, Any]], set[str]]:
         """(alive worker id -> heartbeat info, ids seen before whose heartbeat expired)."""
@@ -403,7 +531,13 @@ class RedisWorkQueue:
         return self._call(_hb)
 
     def forget_worker(self, worker_id: str) -> None:
-        self._call(self.r.srem, self.keys.workers, worker_id)
+        def _forget():
+            pipe = self.r.pipeline(transaction=True)
+            pipe.srem(self.keys.workers, worker_id)
+            pipe.zrem(self.keys.workers_beat, worker_id)
+            pipe.execute()
+
+        self._call(_forget)
 
 
 class AsyncRedisDispatch:
@@ -436,17 +570,44 @@ class AsyncRedisDispatch:
         except (RedisError, OSError):
             return False
 
-    async def enqueue(self, items: Iterable[WorkItem], record: tuple[str, dict, float] | None = None) -> None:
-        """Queue items atomically, with the request's record (id, JSON, ttl) in the same transaction."""
+    async def enqueue(self, items: Iterable[WorkItem], record: tuple[str, dict, float] | None = None) -> list[str]:
+        """Queue items atomically, with the request's record (id, JSON, ttl) in the same transaction;
+        returns each item's stream entry id.
+
+        For a request sent with an ``Idempotency-Key`` (:func:`argusdiff.service.idempotency.current_guard`)
+        the transaction also turns the key's reservation into the accepted generation id, and runs
+        only while the reservation is still ours (``WATCH``); else nothing is queued and
+        :class:`~argusdiff.service.idempotency.IdempotencyConflict` is raised."""
+        from argusdiff.service.idempotency import IdempotencyConflict, current_guard
+
+        guard = current_guard()
+        items = list(items)
         try:
-            pipe = self.r.pipeline(transaction=True)
             for item in items:
-                stream = await self._ensure_group(item.level)
-                pipe.xadd(stream, {"item": json.dumps(item.to_dict())})
-            if record is not None:
-                rid, data, ttl = record
-                pipe.set(self.keys.request(rid), json.dumps(data), px=int(ttl * 1000))
-            await pipe.execute()
+                await self._ensure_group(item.level)
+            async with self.r.pipeline(transaction=True) as pipe:
+                if guard is not None:
+                    await pipe.watch(guard.key)
+                    held = await pipe.get(guard.key)
+                    if held is None or _decode(held) != guard.reservation:
+                        guard.conflict = True
+                        raise IdempotencyConflict("the idempotency key's reservation is no longer ours")
+                    pipe.multi()
+                for item in items:
+                    pipe.xadd(self.keys.stream(item.level), {"item": json.dumps(item.to_dict())})
+                if record is not None:
+                    rid, data, ttl = record
+                    pipe.set(self.keys.request(rid), json.dumps(data), px=int(ttl * 1000))
+                    if guard is not None:
+                        pipe.set(guard.key, guard.accepted(rid), px=int(guard.ttl_s * 1000))
+                replies = await pipe.execute()
+            return [_decode(r) for r in replies[: len(items)]]
+        except WatchError as exc:
+            if guard is not None:
+                guard.conflict = True
+            raise IdempotencyConflict("the idempotency key changed during the enqueue") from exc
+        except IdempotencyConflict:
+            raise
         except ResponseError as exc:
             if "NOGROUP" in str(exc):
                 self._groups.clear()
@@ -486,11 +647,56 @@ class AsyncRedisDispatch:
         raw = await self._do(self.r.get(self.keys.request(request_id)))
         return None if raw is None else json.loads(raw)
 
-    async def put_image(self, image_id: str, png: bytes, ttl_s: float) -> None:
-        await self._do(self.r.set(self.keys.image(image_id), png, px=int(ttl_s * 1000)))
+    async def records_exist(self, request_ids: list[str]) -> list[bool]:
+        pipe = self.r.pipeline(transaction=False)
+        for rid in request_ids:
+            pipe.exists(self.keys.request(rid))
+        return [bool(x) for x in await self._do(pipe.execute())]
 
-    async def get_image(self, image_id: str) -> bytes | None:
-        return await self._do(self.r.get(self.keys.image(image_id)))
+    async def replace_result(self, request_id: str, result: WorkResult) -> None:
+        """Rewrite a stored result (e.g. without its image), keeping its expiry; never re-creates one."""
+        await self._do(self.r.set(self.keys.result(request_id), json.dumps(result.to_dict()), xx=True, keepttl=True))
+
+    async def claim_handoff(self, request_id: str, ttl_s: float) -> bool:
+        """Whether this router decides the cascade hand-off of ``request_id`` (first claim wins)."""
+        key = self.keys.handoff(request_id)
+        return bool(await self._do(self.r.set(key, "1", nx=True, px=max(1, int(ttl_s * 1000)))))
+
+    async def publish_result(self, request_id: str, result: WorkResult, ttl_s: float) -> None:
+        """A final result the router made (a cascade hand-off kept or dropped), as a worker's."""
+        pipe = self.r.pipeline(transaction=True)
+        pipe.set(self.keys.result(request_id), json.dumps(result.to_dict()), px=max(1, int(ttl_s * 1000)))
+        pipe.xadd(
+            self.keys.done,
+            {"id": request_id, "summary": json.dumps(summarize(result))},
+            maxlen=DONE_MAXLEN,
+            approximate=True,
+        )
+        await self._do(pipe.execute())
+
+    async def delete_result(self, request_id: str) -> None:
+        await self._do(self.r.delete(self.keys.result(request_id)))
+
+    async def cancel(self, level_id: str, entry_id: str) -> bool:
+        """Delete a queued item that no worker has taken; False when one has (or it is gone)."""
+        stream = self.keys.stream(level_id)
+        res = await self._do(self.r.eval(_CANCEL_QUEUED, 1, stream, self.keys.group, entry_id))
+        return bool(res)
+
+    async def events(self):
+        """Step events of streamed items: ``(request id, event)`` while subscribed."""
+        pubsub = self.listen_r.pubsub(ignore_subscribe_messages=True)
+        try:
+            await pubsub.subscribe(self.keys.events)
+            async for msg in pubsub.listen():
+                if msg.get("type") == "message":
+                    try:
+                        yield event_from_json(msg["data"])
+                    except (ValueError, KeyError, TypeError):
+                        continue
+        finally:
+            with contextlib.suppress(RedisError, OSError):
+                await pubsub.aclose()
 
     async def read_plan(self) -> dict | None:
         raw = await self._do(self.r.get(self.keys.plan))

@@ -1,5 +1,8 @@
-"""The data path, live: validate → classify (batched) → policy.route (PASM + worker selector) →
-minimum-quality and admission checks → enqueue; then wait for the results.
+"""The data path, live: validate → classify (batched) → ``policy.decide`` (route: PASM, level,
+quality floor) → admission (:mod:`argusdiff.admission`, the call the simulator makes too) → enqueue
+on the level's queue; then wait for the results. A refused request leaves nothing counted as load.
+A cascade deferral comes back from the light worker and goes to ``policy.decide_heavy``
+(:meth:`Router.on_handoff`).
 
 The router keeps what the policy's :class:`~argusdiff.policies.base.RouteView` and the control
 loop need: requests in flight per level (spread over that level's workers as queue lengths and
@@ -16,11 +19,12 @@ import math
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from argusdiff.domain import ApproxLevel, Plan, Profile, Request, Tier
-from argusdiff.policies.base import Policy, RouteView
+from argusdiff.admission import Admission, AdmissionConfig, Decision
+from argusdiff.domain import ApproxLevel, Assignment, Plan, Profile, Request, Tier
+from argusdiff.policies.base import FLOOR_UNMET, Policy, RouteView
 from argusdiff.service.errors import ApiError, QueueUnavailable
 from argusdiff.service.health import CacheHealth
 from argusdiff.service.metrics import ServiceMetrics
@@ -31,6 +35,10 @@ from workers.executor import WorkItem, WorkResult
 __all__ = ["Router", "Submission"]
 
 log = logging.getLogger("argusdiff.router")
+
+#: ``error_type`` of a request the policy dropped after it was accepted (a cascade deferral
+#: predicted to miss its deadline)
+DROPPED = "Dropped"
 
 _QUEUE_DOWN = "the work queue is unavailable; the request was not accepted, retry shortly"
 
@@ -59,6 +67,7 @@ class Submission:
             "arrival_s": self.arrival_s,
             "response_format": self.spec.response_format,
             "n": self.spec.n,
+            **self.spec.record_fields(),
         }
 
 
@@ -83,6 +92,8 @@ class Router:
         cache_health: CacheHealth | None = None,
         sizes: tuple[str, ...] | None = None,
         similarity: Any = None,
+        admission: AdmissionConfig | None = None,
+        prompt_pass: Any = None,
         clock=time.time,
     ) -> None:
         self.profile = profile
@@ -94,6 +105,9 @@ class Router:
         self.classifier = classifier if getattr(policy, "uses_classifier", False) else None
         # the cache-similarity view (argusdiff.service.similarity), for policies that read it
         self.similarity = similarity if getattr(policy, "uses_cache_similarity", False) else None
+        # both: one encoder pass per prompt for the two (argusdiff.service.prompt_pass)
+        both = self.classifier is not None and self.similarity is not None
+        self.prompt_pass = prompt_pass if both else None
         self.cache_health = cache_health or CacheHealth(
             config.cache_window,
             latency_limit_s=config.cache_latency_threshold_s,
@@ -109,21 +123,20 @@ class Router:
         self.arrivals = 0
         self.affinity: Counter[str] = Counter()
         self.level_arrivals: Counter[str] = Counter()
+        self.arrival_seconds: Counter[int] = Counter()  # arrivals per wall-clock second (demand bins)
         self.accepted = 0
         self.completed = 0
         self._levels: dict[str, ApproxLevel] = {lv.id: lv for lv in profile.levels}
         if fallback is not None:
             for lv in fallback.levels:
                 self._levels.setdefault(lv.id, lv)
-        self.limits = Limits(
-            models=tuple(dict.fromkeys((config.model_name, profile.name))),
-            levels=profile.ids,
-            sizes=tuple(sizes or config.sizes or ("512x512",)),
-            max_n=config.max_n,
-            max_prompt_chars=config.max_prompt_chars,
-            max_slo_s=config.max_slo_s,
-        )
+        # admission after the policy (argusdiff.admission; the simulator applies the same)
+        scale = getattr(config, "stand_in_scale", None) or 1.0
+        self.admission = Admission(self._levels, admission or AdmissionConfig(time_scale=scale))
+        self.limits = Limits.of(config, profile.name, profile.ids, tuple(sizes or config.sizes or ("512x512",)))
         dispatch.on_done = self.on_done
+        dispatch.on_handoff = self.on_handoff
+        self.handoffs: Counter[str] = Counter()  # cascade hand-offs by decision: heavy, dropped, kept
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -142,6 +155,21 @@ class Router:
         self.arrivals, self.affinity, self.level_arrivals = 0, Counter(), Counter()
         return out
 
+    def take_arrival_bins(self, start_s: float, end_s: float) -> tuple[tuple[int, ...], float]:
+        """Arrivals of ``[start_s, end_s)`` in consecutive bins of about 1 s (oldest first) and the
+        bin length, for the demand predictor; older counts are forgotten."""
+        span = end_s - start_s
+        if not span > 0:
+            return (), 0.0
+        nb = max(1, round(span))
+        bins = [0] * nb
+        for sec in list(self.arrival_seconds):
+            if sec + 1 <= start_s:
+                del self.arrival_seconds[sec]
+            elif sec < end_s:
+                bins[min(nb - 1, max(0, int((sec + 0.5 - start_s) * nb / span)))] += self.arrival_seconds.pop(sec)
+        return tuple(bins), span / nb
+
     def view(
         self, now: float, plan: Plan, optimal: str | None, slo_s: float, similarity: float | None = None
     ) -> RouteView:
@@ -152,12 +180,18 @@ class Router:
         ql: dict[str, int] = {}
         bu: dict[str, float] = {}
         for lv, ws in per_level.items():
+            # the level's queue is pulled by its workers: its load spread evenly over them (with 2
+            # in flight on 4 workers, 2 are busy and 2 idle, as the simulator would see them), each
+            # busy until its share is done in batches of up to the plan's batch size (the batch in
+            # service half done on average: the router does not see batches start)
             load = self.level_load.get(lv, 0)
-            each = math.ceil(load / len(ws)) if ws else 0
-            lat = self.level(lv).latency(1) if lv in self._levels else 0.0
-            for w in ws:
-                ql[w] = each
-                bu[w] = now + each * lat
+            each, extra = divmod(load, len(ws))
+            b = max(1, int(plan.batch_sizes.get(lv, 1)))
+            level = self._levels.get(lv)
+            for k, w in enumerate(ws):
+                q = each + (1 if k < extra else 0)
+                ql[w] = q
+                bu[w] = now + (self._drain_s(level, q, b) if level is not None else 0.0)
         return RouteView(
             now_s=now,
             queue_lengths=ql,
@@ -170,31 +204,20 @@ class Router:
             slo_s=slo_s,
         )
 
+    @staticmethod
+    def _drain_s(level: ApproxLevel, q: int, b: int) -> float:
+        """How long a worker of ``level`` needs for ``q`` requests in batches of up to ``b``, the
+        batch in service counted half done."""
+        if q <= 0:
+            return 0.0
+        full, rest = divmod(q, b)
+        total = full * level.latency(b) + (level.latency(rest) if rest else 0.0)
+        return total - 0.5 * level.latency(min(q, b))
+
     def _busy(self, message: str, code: str) -> ApiError:
         """A 503 the client should retry (with ``Retry-After``); nothing was accepted."""
         return ApiError(
             503, message, type="server_busy", code=code, headers={"Retry-After": str(self.config.retry_after_s)}
-        )
-
-    def _at_least(self, level_id: str, plan: Plan, minimum: str | None) -> str:
-        """``level_id``, or the fastest planned level at least as good as ``minimum``."""
-        if minimum is None:
-            return level_id
-        need = self.level(minimum).quality
-        if self.level(level_id).quality >= need - 1e-12:
-            return level_id
-        served = {lv for lv in plan.assignment.values() if lv is not None}
-        good = [lv for lv in plan.levels if lv in self._levels and self.level(lv).quality >= need - 1e-12]
-        for lv in reversed(good):  # fastest first
-            if lv in served:
-                return lv
-        raise ApiError(
-            429,
-            f"no worker currently serves a level at least as good as {minimum!r}; retry later",
-            type="server_busy",
-            param="min_quality_level",
-            code="insufficient_capacity",
-            headers={"Retry-After": str(self.config.retry_after_s)},
         )
 
     async def _classify(self, prompt: str) -> str | None:
@@ -226,9 +249,76 @@ class Router:
         self.metrics.cache_similarity_lookup.observe(time.perf_counter() - t0)
         return sim, embedding
 
+    async def _read_prompt(self, prompt: str) -> tuple[str | None, float | None, Any]:
+        """The prompt's optimal level, cache similarity and embedding: one encoder pass when the
+        classifier and the cache view share their encoder (:attr:`prompt_pass`), else each its own.
+        Failures degrade routing as in :meth:`_classify` and :meth:`_cache_similarity`."""
+        if self.prompt_pass is None:
+            optimal, (similarity, embedding) = await asyncio.gather(
+                self._classify(prompt), self._cache_similarity(prompt)
+            )
+            return optimal, similarity, embedding
+        lookup = self.cache_health.healthy
+        t0 = time.perf_counter()
+        try:
+            r = await asyncio.wrap_future(self.prompt_pass.submit(prompt, lookup))
+        except Exception as exc:  # the pass steers routing only; never fail a request over it
+            log.warning("prompt pass failed: %s", exc)
+            return None, None, None
+        if r.classifier_error is not None:
+            log.warning("classifier failed: %s", r.classifier_error)
+        if r.lookup_error is not None:
+            if isinstance(r.lookup_error, CacheUnavailable):
+                self.cache_health.record(None, error=True)
+                self.metrics.cache_lookups.labels("error").inc()
+            log.warning("cache similarity lookup failed: %s", r.lookup_error)
+            return r.optimal, None, r.embedding
+        if r.looked_up:
+            self.metrics.cache_similarity_lookup.observe(time.perf_counter() - t0)
+        return r.optimal, r.similarity, r.embedding
+
     # -- the data path ---------------------------------------------------------------------
 
     async def submit(self, spec: GenerationSpec) -> Submission:
+        added: Counter[str] = Counter()  # this request's images counted as load so far
+        try:
+            return await self._submit(spec, added)
+        except BaseException:
+            # refused (by the policy, the quality floor or admission), queue down or cancelled:
+            # nothing of it was accepted, so none of its images stays counted as load
+            for lv, k in added.items():
+                self.level_load[lv] = max(0, self.level_load[lv] - k)
+            raise
+
+    def _refuse(
+        self, spec: GenerationSpec, why: str, reason: str, retry_after_s: float, now: float, optimal: str | None
+    ) -> ApiError:
+        """429 ``overloaded``: nothing of the request was accepted. It still counts as demand, as
+        in the simulator (the planner sees the offered load, not only what was admitted)."""
+        self.metrics.requests.labels("none", "rejected").inc(spec.n)
+        self.metrics.refused.labels(reason).inc()
+        self.arrivals += spec.n
+        self.arrival_seconds[int(now)] += spec.n
+        if optimal is not None:
+            self.affinity[optimal] += spec.n
+        return ApiError(
+            429,
+            f"the service is overloaded ({why}); retry later",
+            type="server_busy",
+            code="overloaded",
+            headers={"Retry-After": str(max(1, math.ceil(retry_after_s)))},
+        )
+
+    def _admit(self, level: str, plan: Plan, now: float, slo: float) -> Decision:
+        """Admission (:mod:`argusdiff.admission`) of one image routed to ``level``: the level's
+        in-flight images (this request's earlier images included) over the up workers serving it."""
+        workers = self.admission.workers(plan, level, self.up or None)
+        return self.admission.check(
+            level, plan=plan, queued=self.level_load.get(level, 0), workers=len(workers),
+            now_s=now, arrival_s=now, slo_s=slo,
+        )  # fmt: skip
+
+    async def _submit(self, spec: GenerationSpec, added: Counter[str]) -> Submission:
         t0 = time.perf_counter()
         if self.closing:
             raise self._busy("the service is shutting down; retry against another instance", "shutting_down")
@@ -240,9 +330,7 @@ class Router:
         now = self.clock()
         slo = self.slo_for(spec)
         gid = f"gen-{uuid.uuid4().hex[:24]}"
-        optimal, (similarity, embedding) = await asyncio.gather(
-            self._classify(spec.prompt), self._cache_similarity(spec.prompt)
-        )
+        optimal, similarity, embedding = await self._read_prompt(spec.prompt)
         embedding_text = encode_embedding(embedding) if embedding is not None else None
         items: list[WorkItem] = []
         levels: list[str] = []
@@ -258,26 +346,35 @@ class Router:
                 min_quality_level=spec.min_quality_level,
                 seed=seed,
             )
-            assignment = self.policy.route(request, plan, self.view(now, plan, optimal, slo, similarity))
+            assignment = self.policy.decide(request, plan, self.view(now, plan, optimal, slo, similarity))
             if assignment.dropped or assignment.level is None:
-                self.metrics.requests.labels("none", "rejected").inc(spec.n)
-                raise ApiError(
-                    429,
-                    f"the service is overloaded ({assignment.reason or 'admission control'}); retry later",
-                    type="server_busy",
-                    code="overloaded",
-                    headers={"Retry-After": str(self.config.retry_after_s)},
-                )
-            level = self._at_least(assignment.level, plan, spec.min_quality_level)
-            meta = {"tier": spec.tier.value, "group": gid, "size": spec.size}
+                if assignment.reason == FLOOR_UNMET:
+                    self.metrics.requests.labels("none", "rejected").inc(spec.n)
+                    raise ApiError(
+                        429,
+                        f"no worker currently serves a level at least as good as {spec.min_quality_level!r}; "
+                        "retry later",
+                        type="server_busy",
+                        param="min_quality_level",
+                        code="insufficient_capacity",
+                        headers={"Retry-After": str(self.config.retry_after_s)},
+                    )
+                why = assignment.reason or "dropped by the policy"
+                raise self._refuse(spec, why, "policy", self.config.retry_after_s, now, optimal)
+            level = assignment.level
+            decision = self._admit(level, plan, now, slo)
+            if not decision.admitted:
+                why = f"{decision.reason} at {level}"
+                raise self._refuse(spec, why, decision.reason, decision.retry_after_s, now, optimal)
+            meta = {"tier": spec.tier.value, "group": gid, "size": spec.size, **spec.item_meta()}
             if optimal is not None:
                 meta["optimal_level"] = optimal
             if similarity is not None:
                 meta["cache_similarity"] = f"{similarity:.4f}"
             if embedding_text is not None:
                 meta[EMBEDDING_META_KEY] = embedding_text  # the AC executor need not embed again
-            if assignment.worker:
-                meta["worker_hint"] = assignment.worker
+            if spec.min_quality_level is not None:
+                meta["min_quality_level"] = spec.min_quality_level  # a cascade hand-off keeps the floor
             items.append(
                 WorkItem(
                     request_id=rid,
@@ -290,8 +387,10 @@ class Router:
                 )
             )
             levels.append(level)
-            # count it as load at once so the next image of the same request sees it
+            # count it as load at once so the next image of the same request sees it (given back
+            # by submit() unless the request is accepted)
             self.level_load[level] += 1
+            added[level] += 1
         sub = Submission(
             id=gid,
             created=int(now),
@@ -307,14 +406,14 @@ class Router:
         try:
             await self.dispatch.enqueue(items, (gid, sub.record(), self.config.result_ttl_s))
         except QueueUnavailable as exc:
-            for lv in levels:
-                self.level_load[lv] -= 1
             self.dispatch.forget(sub.request_ids)
             self.metrics.queue_errors.inc()
             raise self._busy(_QUEUE_DOWN, "queue_unavailable") from exc
+        added.clear()  # accepted: the load stays until each image is done
         for it in items:
             self.inflight[it.request_id] = _InFlight(it.level, now, now + slo)
         self.arrivals += spec.n
+        self.arrival_seconds[int(now)] += spec.n
         self.accepted += spec.n
         for lv in levels:
             self.level_arrivals[lv] += 1
@@ -327,14 +426,20 @@ class Router:
         return sub
 
     async def wait(self, sub: Submission, timeout: float) -> list[WorkResult]:
-        """The results of ``sub`` in order; raises ``TimeoutError`` (the work stays queued)."""
-        futs = self.dispatch.expect(sub.request_ids)
-        try:
-            done = await asyncio.wait_for(asyncio.gather(*(asyncio.shield(f) for f in futs)), timeout)
-        except TimeoutError:
-            self.dispatch.forget(sub.request_ids)
-            raise
-        return list(done)
+        """The results of ``sub`` in order; raises ``TimeoutError`` (the work stays queued),
+        ``WorkLost`` or ``ShuttingDown`` (see :meth:`argusdiff.service.dispatch.Dispatch.wait`)."""
+        return await self.dispatch.wait(list(sub.request_ids), timeout)
+
+    def forget_items(self, request_ids: list[str], outcome: str) -> None:
+        """Bookkeeping for accepted items that will never finish (taken out of their queue after the
+        client went away, or lost by the queue): no longer in flight, counted as ``outcome``."""
+        for rid in request_ids:
+            fl = self.inflight.pop(rid, None)
+            if fl is None:
+                continue
+            self.level_load[fl.level] = max(0, self.level_load[fl.level] - 1)
+            self.metrics.queue_depth.labels(fl.level).set(self.level_load[fl.level])
+            self.metrics.requests.labels(fl.level, outcome).inc()
 
     def on_done(self, request_id: str, s: dict) -> None:
         """Bookkeeping for a finished work item (event-loop thread); ``s`` is its summary."""
@@ -342,15 +447,17 @@ class Router:
         fl = self.inflight.pop(request_id, None)
         level = s.get("level") or (fl.level if fl else "unknown")
         ok = bool(s.get("ok"))
+        dropped = s.get("error_type") == DROPPED
         if fl is not None:
             self.level_load[fl.level] = max(0, self.level_load[fl.level] - 1)
             self.metrics.queue_depth.labels(fl.level).set(self.level_load[fl.level])
-            self.metrics.latency.labels(level).observe(max(0.0, now - fl.arrival_s))
-            if now > fl.deadline_s:
-                self.metrics.slo_violations.labels(level).inc()
-            self.policy.on_served(level, now - fl.arrival_s, ok and now <= fl.deadline_s)
+            if not dropped:
+                self.metrics.latency.labels(level).observe(max(0.0, now - fl.arrival_s))
+                if now > fl.deadline_s:
+                    self.metrics.slo_violations.labels(level).inc()
+                self.policy.on_served(level, now - fl.arrival_s, ok and now <= fl.deadline_s)
         self.completed += 1
-        self.metrics.requests.labels(level, "ok" if ok else "error").inc()
+        self.metrics.requests.labels(level, "dropped" if dropped else "ok" if ok else "error").inc()
         lookup = float(s.get("lookup_s", 0.0)) + float(s.get("fetch_s", 0.0))
         if s.get("cache_error"):
             self.cache_health.record(None, error=True)
@@ -362,10 +469,59 @@ class Router:
             self.metrics.cache_lookup.observe(lookup)
             self.metrics.cache_hit_ratio.set(self.cache_health.hit_ratio())
 
+    def on_handoff(self, request_id: str, result: WorkResult) -> tuple[WorkItem | None, WorkResult | None]:
+        """A cascade deferral (the light image was rejected): the policy decides, with the same
+        ``decide_heavy`` call the simulator makes, whether the heavy level redoes the request (the
+        item to queue), the request is dropped, or the light image is the answer (the final
+        result). Event-loop thread."""
+        item = result.handoff
+        assert item is not None
+        now = self.clock()
+        fl = self.inflight.get(request_id)
+        arrival = fl.arrival_s if fl is not None else (item.enqueue_s or now)
+        deadline = item.deadline_s if item.deadline_s is not None else arrival + self.policy.slo_s
+        slo = max(0.0, deadline - arrival)
+        request = Request(
+            id=request_id,
+            prompt=item.prompt,
+            arrival_s=arrival,
+            slo_s=slo,
+            tier=Tier(item.meta["tier"]) if item.meta.get("tier") in Tier._value2member_map_ else Tier.STANDARD,
+            min_quality_level=item.meta.get("min_quality_level") or None,
+            seed=item.seed,
+        )
+        plan = self.plan
+        if plan is None:
+            assignment = Assignment(level=None, reason="no plan: light image returned")
+        else:
+            view = self.view(now, plan, None, slo)
+            view.deferred_from = item.meta.get("deferred_from") or result.level  # which pair's heavy level
+            assignment = self.policy.decide_heavy(request, plan, view)
+        light = replace(result, handoff=None)
+        if assignment.dropped:
+            self.handoffs["dropped"] += 1
+            self.metrics.cascade_handoffs.labels("dropped").inc()
+            return None, replace(
+                light,
+                image_png=None,
+                error=f"dropped after the light stage ({assignment.reason or 'the policy dropped it'})",
+                error_type=DROPPED,
+                deferred=True,
+            )
+        if assignment.level is None:
+            self.handoffs["kept"] += 1
+            self.metrics.cascade_handoffs.labels("kept").inc()
+            return None, light
+        self.handoffs["heavy"] += 1
+        self.metrics.cascade_handoffs.labels("heavy").inc()
+        if fl is not None:  # the light stage is done: the request now loads the heavy level
+            self.level_load[fl.level] = max(0, self.level_load[fl.level] - 1)
+            self.metrics.queue_depth.labels(fl.level).set(self.level_load[fl.level])
+            fl.level = assignment.level
+            self.level_load[fl.level] += 1
+            self.metrics.queue_depth.labels(fl.level).set(self.level_load[fl.level])
+        return replace(item, level=assignment.level, enqueue_s=now), None
+
     def set_plan(self, plan: Plan, up: frozenset[str]) -> None:
         self.plan = plan
         self.up = up
-
-
-def tier_of(value: str | None) -> Tier:
-    return Tier(value) if value else Tier.STANDARD

@@ -1,51 +1,241 @@
-"""Validation of request bodies: OpenAI's Images API and the native generation endpoint.
+"""The REST API's request and response models (pydantic): one source for validation and for
+``/openapi.json`` (:mod:`argusdiff.service.openapi` renders these very models).
 
-Every rejection is an :class:`~argusdiff.service.errors.ApiError` with status 400 that names the
-offending field in ``param``; nothing here can raise anything else on any JSON value.
+Request models are built per deployment (:func:`request_models`), because their bounds are the
+deployment's: the accepted model names (``model_name``, the profile name and the aliases), the
+served sizes and the common sizes mapped onto them, the level ids, ``max_n``, the prompt length
+and the largest SLO. Validation turns every rejection into an
+:class:`~argusdiff.service.errors.ApiError` 400 that names the field in ``param``; nothing here
+raises anything else on any JSON value.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Any
+from functools import cache
+from typing import Annotated, Any, Literal
+
+from annotated_types import Ge, Gt, Le
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    WithJsonSchema,
+    create_model,
+)
+from pydantic_core import PydanticCustomError
 
 from argusdiff.domain import Tier
 from argusdiff.service.errors import ApiError
 
-__all__ = ["GenerationSpec", "Limits", "parse_native", "parse_openai"]
+__all__ = [
+    "OPENAI_SIZES",
+    "ErrorResponse",
+    "GenerationAccepted",
+    "GenerationSpec",
+    "Image",
+    "ImagesResponse",
+    "Limits",
+    "NativeGeneration",
+    "NativeImage",
+    "parse_native",
+    "parse_openai",
+    "request_models",
+    "size_table",
+]
 
-OPENAI_FIELDS = ("prompt", "model", "n", "size", "quality", "response_format", "user", "style")
-NATIVE_FIELDS = (
-    "prompt",
-    "model",
-    "n",
-    "size",
-    "response_format",
-    "user",
-    "seed",
-    "slo_s",
-    "tier",
-    "min_quality_level",
-    "wait",
-)
-QUALITIES = ("auto", "standard", "hd", "low", "medium", "high")
-BEST_QUALITIES = ("hd", "high")
-STYLES = ("vivid", "natural")
-RESPONSE_FORMATS = ("url", "b64_json")
 MAX_SEED = 2**32 - 1
+#: The sizes OpenAI's Images API and SDKs use (DALL-E 2/3 and GPT image models).
+OPENAI_SIZES = ("256x256", "512x512", "1024x1024", "1792x1024", "1024x1792", "1536x1024", "1024x1536")
+#: ``quality`` values that ask for the best level (no approximation).
+BEST_QUALITIES = ("hd", "high")
+
+Quality = Literal["auto", "standard", "hd", "low", "medium", "high"]
+OutputFormat = Literal["png", "jpeg", "webp"]
+Background = Literal["transparent", "opaque", "auto"]
+
+
+# -- what the deployment accepts ---------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
 class Limits:
     """What this deployment accepts."""
 
-    models: tuple[str, ...]  # accepted `model` values
+    models: tuple[str, ...]  # accepted `model` values (model_name, profile name, aliases)
     levels: tuple[str, ...]  # level ids, best first
-    sizes: tuple[str, ...]
+    sizes: tuple[str, ...]  # served sizes (WxH), the native one first
     max_n: int
     max_prompt_chars: int
     max_slo_s: float
+    size_map: tuple[tuple[str, str], ...] = ()  # (requested, served): common sizes mapped onto served ones
+
+    @classmethod
+    def of(cls, config: Any, model: str, levels: tuple[str, ...], sizes: tuple[str, ...]) -> Limits:
+        """A deployment's limits from its ``[service]`` settings, profile name, level ids and sizes."""
+        return cls(
+            models=tuple(dict.fromkeys((config.model_name, model, *config.model_aliases))),
+            levels=levels,
+            sizes=sizes,
+            max_n=config.max_n,
+            max_prompt_chars=config.max_prompt_chars,
+            max_slo_s=config.max_slo_s,
+            size_map=size_table(sizes, map_sizes=config.map_sizes),
+        )
+
+    @property
+    def accepted_sizes(self) -> tuple[str, ...]:
+        return ("auto", *self.sizes, *(s for s, _ in self.size_map if s not in self.sizes))
+
+    def served_size(self, size: str | None) -> str:
+        if size is None or size == "auto":
+            return self.sizes[0]
+        return size if size in self.sizes else dict(self.size_map)[size]
+
+
+def _orientation(size: str) -> int:
+    w, h = (int(x) for x in size.split("x"))
+    return (w > h) - (w < h)
+
+
+def size_table(served: tuple[str, ...], *, map_sizes: bool = True) -> tuple[tuple[str, str], ...]:
+    """Each of OpenAI's sizes that is not served → the first served size of the same orientation
+    (square, landscape, portrait); none when ``map_sizes`` is off or no served size matches."""
+    if not map_sizes:
+        return ()
+    out = []
+    for size in OPENAI_SIZES:
+        same = [s for s in served if _orientation(s) == _orientation(size)]
+        if size not in served and same:
+            out.append((size, same[0]))
+    return tuple(out)
+
+
+# -- field types ---------------------------------------------------------------------------------
+
+
+def _integral(value: Any) -> Any:
+    """JSON numbers like ``2.0`` are integers; booleans are not."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def _seconds(value: Any) -> Any:
+    """A finite number of seconds; an integer too large for a float is out of range, not a crash."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return value  # the strict float check reports the type
+    try:
+        return float(value)
+    except OverflowError:
+        raise PydanticCustomError("invalid_value", "the number is too large") from None
+
+
+def _prompt(value: str) -> str:
+    if not value.strip():
+        raise PydanticCustomError("empty_prompt", "must not be empty or blank")
+    if "\x00" in value:
+        raise PydanticCustomError("invalid_value", "must not contain NUL characters")
+    return value
+
+
+def _int(lo: int, hi: int) -> Any:
+    return Annotated[int, Ge(lo), Le(hi), BeforeValidator(_integral)]
+
+
+def _seconds_up_to(hi: float | None) -> Any:
+    bounds = (Gt(0),) if hi is None else (Gt(0), Le(hi))
+    return Annotated[float, *bounds, BeforeValidator(_seconds)]
+
+
+Text = Annotated[str, StringConstraints(max_length=256)]
+
+
+def _choice(names: tuple[str, ...], code: str, what: str):
+    def check(value: str) -> str:
+        if value not in names:
+            shown = repr(value[:80]).replace("{", "(").replace("}", ")")
+            raise PydanticCustomError(code, f"{what} {shown} is not served here; use one of {', '.join(names)}")
+        return value
+
+    return Annotated[str, AfterValidator(check), WithJsonSchema({"type": "string", "enum": list(names)})]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
+
+
+class _Common(_Request):
+    prompt: str
+    model: str | None = None
+    n: _int(1, 64) | None = 1  # type: ignore[valid-type]
+    size: str | None = None
+    response_format: Literal["url", "b64_json"] | None = None
+    output_format: OutputFormat | None = Field(None, description="png (default), jpeg or webp")
+    output_compression: _int(0, 100) | None = Field(None, description="0-100, for jpeg and webp (default 100)")
+    user: Text | None = None
+
+
+class OpenAIImageRequest(_Common):
+    """``POST /v1/images/generations``: OpenAI's Images API fields (DALL-E 2/3 and GPT image)."""
+
+    quality: Quality | None = Field(None, description="hd/high: the best level (no approximation)")
+    style: Literal["vivid", "natural"] | None = Field(None, description="accepted, not applied (reported)")
+    background: Background | None = Field(None, description="images are opaque; transparent is reported as opaque")
+    moderation: Literal["low", "auto"] | None = Field(None, description="accepted, no moderation here (reported)")
+    safety_identifier: Text | None = None
+    stream: bool | None = Field(None, description="answer with server-sent events (one image: n = 1)")
+    partial_images: _int(0, 3) | None = Field(
+        None, description="partial images decoded from the intermediate latents while streaming"
+    )
+
+
+class NativeRequest(_Common):
+    """``POST /v1/argusdiff/generations``: adds seed, SLO, tier, minimum quality level and ``wait``."""
+
+    seed: _int(0, MAX_SEED) | None = None
+    slo_s: _seconds_up_to(None) | None = None
+    tier: Literal[tuple(t.value for t in Tier)] | None = None  # type: ignore[valid-type]
+    min_quality_level: str | None = None
+    wait: bool | None = True
+
+
+@cache
+def request_models(limits: Limits) -> tuple[type[OpenAIImageRequest], type[NativeRequest]]:
+    """The two request models with this deployment's bounds (cached per :class:`Limits`)."""
+    prompt = (
+        Annotated[
+            str,
+            StringConstraints(min_length=1, max_length=limits.max_prompt_chars),
+            AfterValidator(_prompt),
+            WithJsonSchema({"type": "string", "minLength": 1, "maxLength": limits.max_prompt_chars, "pattern": r"\S"}),
+        ],
+        ...,
+    )
+    common = {
+        "prompt": prompt,
+        "model": (_choice(limits.models, "model_not_found", "the model") | None, None),
+        "n": (_int(1, limits.max_n) | None, 1),
+        "size": (_choice(limits.accepted_sizes, "invalid_value", "the size") | None, None),
+    }
+    openai = create_model("ImageGenerationRequest", __base__=OpenAIImageRequest, **common)
+    native = create_model(
+        "GenerationRequest",
+        __base__=NativeRequest,
+        **common,
+        slo_s=(_seconds_up_to(limits.max_slo_s) | None, None),
+        min_quality_level=(_choice(limits.levels, "invalid_value", "the level") | None, None),
+    )
+    openai.__doc__ = OpenAIImageRequest.__doc__
+    native.__doc__ = NativeRequest.__doc__
+    return openai, native
+
+
+# -- the validated request -------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +244,7 @@ class GenerationSpec:
 
     prompt: str
     n: int = 1
-    size: str = "512x512"
+    size: str = "512x512"  # the served size
     response_format: str = "url"
     user: str | None = None
     tier: Tier = Tier.STANDARD
@@ -62,115 +252,269 @@ class GenerationSpec:
     min_quality_level: str | None = None
     seed: int | None = None
     wait: bool = True
+    output_format: str = "png"
+    output_compression: int | None = None
+    quality: str = "auto"  # as requested
+    background: str = "auto"  # as requested
+    stream: bool = False
+    partial_images: int = 0
+    unhonoured: tuple[str, ...] = ()  # "field=value" accepted but not applied
+
+    def item_meta(self) -> dict[str, str]:
+        """What the workers need to know beyond the prompt: streaming and its partial images."""
+        if not self.stream:
+            return {}
+        return {"stream": "1", "partial_images": str(self.partial_images)}
+
+    def record_fields(self) -> dict[str, Any]:
+        """What the router keeps with the request's record to deliver its images later."""
+        return {"output_format": self.output_format, "output_compression": self.output_compression, "size": self.size}
 
 
-def _bad(message: str, param: str | None, code: str = "invalid_value") -> ApiError:
-    return ApiError(400, message, param=param, code=code)
+def _message(err: dict[str, Any], model: type[BaseModel]) -> tuple[str | None, str, str]:
+    """(param, message, code) of one pydantic error."""
+    loc = err.get("loc") or ()
+    param = str(loc[0]) if loc else None
+    kind = err.get("type", "")
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        return None, "the request body must be a JSON object", "invalid_body"
+    if kind == "extra_forbidden":
+        accepted = ", ".join(model.model_fields)
+        return param, f"unrecognized request argument supplied: {param} (accepted: {accepted})", "unknown_parameter"
+    if kind == "missing":
+        return param, f"'{param}' is required", "missing_required_parameter"
+    if kind == "string_unicode":
+        return param, f"'{param}' is not valid Unicode text (it holds a lone surrogate)", "invalid_value"
+    if kind == "string_too_long":
+        limit = (err.get("ctx") or {}).get("max_length")
+        return param, f"'{param}' is too long: at most {limit} characters", "string_above_max_length"
+    if kind == "string_too_short":
+        return param, f"'{param}' must not be empty", "empty_prompt"
+    msg = str(err.get("msg", "invalid value"))
+    if kind in ("model_not_found", "empty_prompt", "invalid_value"):  # ours: the message says it all
+        return param, f"'{param}': {msg}", kind
+    value = err.get("input")
+    try:
+        shown = repr(value)
+    except ValueError:  # an integer too long to print
+        shown = "a very long number"
+    if len(shown) > 80:
+        shown = shown[:77] + "..."
+    code = "invalid_type" if kind.endswith("_type") or kind.endswith("_parsing") else "invalid_value"
+    return param, f"'{param}': {msg[:1].lower()}{msg[1:]}; got {shown}", code
 
 
-def _object(body: Any, allowed: tuple[str, ...]) -> dict:
-    if not isinstance(body, dict):
-        raise _bad("the request body must be a JSON object", None, "invalid_body")
-    unknown = sorted(k for k in body if k not in allowed)
-    if unknown:
-        raise _bad(
-            f"unrecognized request argument supplied: {unknown[0]} (accepted: {', '.join(allowed)})",
-            unknown[0],
-            "unknown_parameter",
-        )
-    return body
+def _validate(model: type[BaseModel], body: Any) -> BaseModel:
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        param, message, code = _message(errors[0], model)
+        raise ApiError(400, message, param=param, code=code) from None
 
 
-def _str(body: dict, name: str, *, required: bool = False, max_len: int = 256) -> str | None:
-    value = body.get(name)
-    if value is None:
-        if required:
-            raise _bad(f"'{name}' is required", name, "missing_required_parameter")
-        return None
-    if not isinstance(value, str):
-        raise _bad(f"'{name}' must be a string, got {type(value).__name__}", name, "invalid_type")
-    if len(value) > max_len:
-        raise _bad(f"'{name}' is too long: {len(value)} characters, at most {max_len}", name, "string_above_max_length")
-    return value
+def _bad(message: str, param: str) -> ApiError:
+    return ApiError(400, message, param=param, code="invalid_value")
 
 
-def _choice(body: dict, name: str, choices: tuple[str, ...], default: str | None) -> str | None:
-    value = _str(body, name)
-    if value is None:
-        return default
-    if value not in choices:
-        raise _bad(f"'{name}' must be one of {', '.join(choices)}; got {value!r}", name)
-    return value
-
-
-def _int(body: dict, name: str, lo: int, hi: int, default: int | None) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _bad(f"'{name}' must be an integer, got {type(value).__name__}", name, "invalid_type")
-    if not lo <= value <= hi:
-        raise _bad(f"'{name}' must be between {lo} and {hi}; got {value}", name)
-    return value
-
-
-def _common(body: dict, limits: Limits, default_format: str) -> dict:
-    prompt = _str(body, "prompt", required=True, max_len=limits.max_prompt_chars)
-    assert prompt is not None
-    if not prompt.strip():
-        raise _bad("'prompt' must not be empty", "prompt", "empty_prompt")
-    if "\x00" in prompt:
-        raise _bad("'prompt' must not contain NUL characters", "prompt")
-    model = _str(body, "model")
-    if model is not None and model not in limits.models:
-        raise _bad(
-            f"the model {model!r} does not exist on this deployment; use one of {', '.join(limits.models)}",
-            "model",
-            "model_not_found",
-        )
-    n = _int(body, "n", 1, limits.max_n, 1)
-    size = _str(body, "size") or "auto"
-    if size == "auto":
-        size = limits.sizes[0]
-    elif size not in limits.sizes:
-        raise _bad(f"'size' must be one of {', '.join(('auto', *limits.sizes))}; got {size!r}", "size")
-    fmt = _choice(body, "response_format", RESPONSE_FORMATS, default_format)
-    user = _str(body, "user", max_len=256)
-    return {"prompt": prompt, "n": n, "size": size, "response_format": fmt, "user": user}
+def _output(req: _Common) -> dict[str, Any]:
+    fmt = req.output_format or "png"
+    if req.output_compression is not None and fmt == "png":
+        raise _bad("'output_compression' applies to jpeg and webp output only", "output_compression")
+    return {"output_format": fmt, "output_compression": req.output_compression}
 
 
 def parse_openai(body: Any, limits: Limits) -> GenerationSpec:
-    """``POST /v1/images/generations``: OpenAI's fields; ``quality`` hd/high asks for the best level."""
-    body = _object(body, OPENAI_FIELDS)
-    common = _common(body, limits, "url")
-    quality = _choice(body, "quality", QUALITIES, "auto")
-    _choice(body, "style", STYLES, None)
-    min_level = limits.levels[0] if quality in BEST_QUALITIES else None
-    return GenerationSpec(**common, min_quality_level=min_level)
+    """``POST /v1/images/generations``: OpenAI's fields. ``quality`` hd/high asks for the best
+    level; ``background`` transparent, ``style`` and ``moderation`` are accepted and reported
+    (``unhonoured``); ``stream`` answers with server-sent events."""
+    req: Any = _validate(request_models(limits)[0], body)
+    stream = bool(req.stream)
+    if stream and (req.n or 1) != 1:
+        raise _bad("a streamed generation returns one image: 'n' must be 1", "n")
+    if stream and req.response_format == "url":
+        raise _bad("a stream carries the images as b64_json events; 'response_format' url cannot stream",
+                   "response_format")  # fmt: skip
+    quality = req.quality or "auto"
+    unhonoured = []
+    if req.background == "transparent":
+        unhonoured.append("background=transparent")
+    if req.style is not None:
+        unhonoured.append(f"style={req.style}")
+    if req.moderation is not None:
+        unhonoured.append(f"moderation={req.moderation}")
+    if req.partial_images and not stream:
+        unhonoured.append(f"partial_images={req.partial_images}")
+    return GenerationSpec(
+        prompt=req.prompt,
+        n=req.n or 1,
+        size=limits.served_size(req.size),
+        response_format=req.response_format or ("b64_json" if stream else "url"),
+        user=req.safety_identifier or req.user,
+        min_quality_level=limits.levels[0] if quality in BEST_QUALITIES else None,
+        quality=quality,
+        background=req.background or "auto",
+        stream=stream,
+        partial_images=(req.partial_images or 0) if stream else 0,
+        unhonoured=tuple(unhonoured),
+        **_output(req),
+    )
 
 
 def parse_native(body: Any, limits: Limits) -> GenerationSpec:
     """``POST /v1/argusdiff/generations``: adds seed, SLO, tier, minimum quality level and ``wait``."""
-    body = _object(body, NATIVE_FIELDS)
-    common = _common(body, limits, "b64_json")
-    seed = _int(body, "seed", 0, MAX_SEED, None)
-    slo = body.get("slo_s")
-    if slo is not None:
-        if isinstance(slo, bool) or not isinstance(slo, int | float):
-            raise _bad(f"'slo_s' must be a number of seconds, got {type(slo).__name__}", "slo_s", "invalid_type")
-        if not math.isfinite(slo) or not 0 < slo <= limits.max_slo_s:
-            raise _bad(f"'slo_s' must be > 0 and <= {limits.max_slo_s:g} seconds; got {slo!r}", "slo_s")
-        slo = float(slo)
-    tier = _choice(body, "tier", tuple(t.value for t in Tier), Tier.STANDARD.value)
-    level = _str(body, "min_quality_level")
-    if level is not None and level not in limits.levels:
-        raise _bad(
-            f"'min_quality_level' must be a level of this deployment ({', '.join(limits.levels)}); got {level!r}",
-            "min_quality_level",
-        )
-    wait = body.get("wait", True)
-    if not isinstance(wait, bool):
-        raise _bad(f"'wait' must be true or false, got {type(wait).__name__}", "wait", "invalid_type")
-    return GenerationSpec(**common, tier=Tier(tier), slo_s=slo, min_quality_level=level, seed=seed, wait=wait)
+    req: Any = _validate(request_models(limits)[1], body)
+    return GenerationSpec(
+        prompt=req.prompt,
+        n=req.n or 1,
+        size=limits.served_size(req.size),
+        response_format=req.response_format or "b64_json",
+        user=req.user,
+        tier=Tier(req.tier or Tier.STANDARD.value),
+        slo_s=req.slo_s,
+        min_quality_level=req.min_quality_level,
+        seed=req.seed,
+        wait=True if req.wait is None else req.wait,
+        **_output(req),
+    )
+
+
+# -- responses --------------------------------------------------------------------------------------
+
+
+class _Response(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Image(_Response):
+    """One image of an OpenAI response: inline (``b64_json``) or a link (``url``)."""
+
+    b64_json: str | None = None
+    url: str | None = None
+    revised_prompt: str | None = None
+
+
+class ImagesResponse(_Response):
+    """``POST /v1/images/generations`` → 200. ``size``, ``quality``, ``output_format`` and
+    ``background`` report what was served (a mapped size, the level's quality band, opaque)."""
+
+    created: int
+    data: list[Image]
+    size: str | None = None
+    quality: Literal["low", "medium", "high"] | None = None
+    output_format: OutputFormat | None = None
+    background: Literal["transparent", "opaque"] | None = None
+
+
+class NativeImage(Image):
+    """One image of a native response, with how it was served."""
+
+    level: str
+    requested_level: str | None = None
+    optimal_level: str | None = None
+    worker: str | None = None
+    seed: int | None = None
+    cache_hit: bool = False
+    k_used: int = 0
+    deferred: bool = False
+    latency_s: float | None = None
+    slo_met: bool | None = None
+    timings: dict[str, float] = Field(default_factory=dict)
+
+
+class NativeGeneration(_Response):
+    """``POST /v1/argusdiff/generations`` and ``GET .../{id}`` → 200: every image is finished."""
+
+    id: str
+    created: int
+    status: Literal["completed"] = "completed"
+    size: str | None = None
+    output_format: OutputFormat | None = None
+    data: list[NativeImage]
+
+
+class GenerationAccepted(_Response):
+    """202: accepted and still queued or running; poll ``Location``."""
+
+    id: str
+    created: int
+    status: Literal["in_progress"] = "in_progress"
+    done: int
+    n: int
+    levels: list[str]
+
+
+class _ImageEvent(_Response):
+    b64_json: str
+    created_at: int
+    size: str
+    quality: str
+    background: str
+    output_format: OutputFormat
+
+
+class ImagePartialEvent(_ImageEvent):
+    """Server-sent event ``image_generation.partial_image``: an image decoded from the
+    intermediate latents (``partial_image_index`` counts from 0)."""
+
+    type: Literal["image_generation.partial_image"] = "image_generation.partial_image"
+    partial_image_index: int
+
+
+class ImageCompletedEvent(_ImageEvent):
+    """Server-sent event ``image_generation.completed``: the final image (the stream ends after it)."""
+
+    type: Literal["image_generation.completed"] = "image_generation.completed"
+
+
+class ProgressEvent(_Response):
+    """Server-sent event ``argusdiff.progress``, once per denoising step: ``step`` of ``steps``
+    done at ``level`` (a cache hit starts at its skipped K)."""
+
+    type: Literal["argusdiff.progress"] = "argusdiff.progress"
+    created_at: int
+    step: int
+    steps: int
+    level: str | None = None
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """Every error, in OpenAI's shape; a stream that fails after it started sends one as an
+    ``error`` event."""
+
+    error: ErrorDetail
+
+
+class ModelEntry(_Response):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = 0
+    owned_by: str = "argusdiff"
+
+
+class ModelList(_Response):
+    object: Literal["list"] = "list"
+    data: list[ModelEntry]
+
+
+class Readiness(_Response):
+    """``GET /readyz``: ready only while at least one worker serves a level."""
+
+    ready: bool
+    reason: str | None = None
+    plan_version: int | None = None
+    workers_up: int
+    workers_serving: int
+    queue: str
+    queue_healthy: bool
+
+
+class Health(_Response):
+    status: Literal["ok"] = "ok"

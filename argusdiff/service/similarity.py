@@ -9,6 +9,9 @@ micro-batched on one thread. The simulator gives the same number (``Simulator.si
 A failing index raises :class:`cache.api.CacheUnavailable` to the caller, which counts it
 against the cache's health and routes as if the prompt missed.
 
+With a level classifier on the same encoder, :class:`argusdiff.service.prompt_pass.PromptPass`
+runs one encoder pass for both (``argus+``) and uses :meth:`CacheSimilarity.nearest` only.
+
 The embedding travels on with the work item (``meta["embedding"]``, see
 :func:`cache.api.encode_embedding`), so the AC executor looks up and stores under it without
 running the encoder a second time.
@@ -67,13 +70,13 @@ class CacheSimilarity:
             self._embed = default_embedder()
         return np.asarray(self._embed(list(prompts)), dtype=np.float32).reshape(len(prompts), -1)
 
+    def nearest(self, vec: np.ndarray) -> float | None:
+        """The similarity of the cached prompt of ``model`` nearest to ``vec`` (None: none cached)."""
+        nb = self.cache.nearest(vec, model=self.model)
+        return None if nb is None else float(nb.similarity)
+
     def _batch(self, prompts: list[str]) -> list[tuple[float | None, np.ndarray]]:
-        vectors = self.embed(prompts)
-        out: list[tuple[float | None, np.ndarray]] = []
-        for vec in vectors:
-            nb = self.cache.nearest(vec, model=self.model)
-            out.append((None if nb is None else float(nb.similarity), vec))
-        return out
+        return [(self.nearest(vec), vec) for vec in self.embed(prompts)]
 
     async def lookup(self, prompt: str) -> tuple[float | None, np.ndarray]:
         return await asyncio.wrap_future(self._batcher.submit(prompt))

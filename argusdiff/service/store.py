@@ -76,13 +76,32 @@ class RedisControlStore:
 
     def __init__(self, queue) -> None:
         self.queue = queue
+        self._last: tuple[Any, Plan | None] = (None, None)
+        self._last_view: tuple[Any, Plan | None] = (None, None)
 
     def publish_plan(self, plan: Plan) -> None:
         self.queue.publish_plan(plan_to_dict(plan))
 
     def read_plan(self) -> Plan | None:
         data = self.queue.read_plan()
-        return None if data is None else plan_from_dict(data)
+        if data is None:
+            return None
+        if self._last[0] is not data:  # the queue returns the same dict while the version holds
+            self._last = (data, plan_from_dict(data))
+        return self._last[1]
+
+    def read_plan_for(self, worker_id: str) -> Plan | None:
+        """The plan as one worker needs it (its own entry, the served levels; see
+        :func:`argusdiff.service.redis_queue.worker_view`): ~1 KB instead of the whole plan."""
+        data = self.queue.read_plan_for(worker_id)
+        if data is None:
+            return None
+        if self._last_view[0] is not data:
+            self._last_view = (data, plan_from_dict(data))
+        return self._last_view[1]
+
+    def membership(self) -> tuple[set[str], set[str]]:
+        return self.queue.membership()
 
     def beat(self, worker_id: str, info: dict[str, Any], ttl_s: float) -> None:
         self.queue.beat(worker_id, info, ttl_s)

@@ -29,6 +29,7 @@ from typing import Any
 
 from workers.executor import LevelExecutor
 from workers.loop import Worker
+from workers.progress import events_to
 
 __all__ = ["ServiceWorker", "wait_until"]
 
@@ -77,6 +78,7 @@ class ServiceWorker:
         return {
             "level": w.level,
             "loading": target if target is not None and target != w.level else None,
+            "resident": list(w.status().get("loaded_models") or []),
             "done": w.stats.processed,
             "failed": w.stats.failed,
             "plan_version": self.plan_version,
@@ -100,7 +102,8 @@ class ServiceWorker:
         """One heartbeat and plan read; store failures are counted, never fatal."""
         try:
             self.store.beat(self.worker_id, self.info(), self.ttl_s)
-            plan = self.store.read_plan()
+            read_for = getattr(self.store, "read_plan_for", None)  # Redis: this worker's slice only
+            plan = read_for(self.worker_id) if read_for is not None else self.store.read_plan()
         except Exception as exc:  # the store (Redis) is down: keep serving with what we have
             self.errors += 1
             log.warning("worker %s: heartbeat failed: %s", self.worker_id, exc)
@@ -146,8 +149,10 @@ class ServiceWorker:
         hb.start()
         self._threads.append(hb)
         try:
-            while not self._stop.is_set():
-                self.step()
+            # step events of streamed requests go back through the queue (workers.progress)
+            with events_to(getattr(self.queue, "publish_event", None)):
+                while not self._stop.is_set():
+                    self.step()
         finally:
             # leaving is best effort: the heartbeat expires anyway
             with contextlib.suppress(Exception):

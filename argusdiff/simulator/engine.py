@@ -7,9 +7,16 @@ Virtual clock, deterministic for a seed. The mechanism modelled here:
   level (greedy batching: a worker takes what is queued when it frees up); otherwise it starts a
   new batch when the worker frees up. Batch time is the profile's ``latency(b)`` times an optional
   log-normal jitter.
-* **Model loads**: a worker whose plan level needs another model finishes its queued work, then
-  loads for the level's ``load_time_s``; a request routed to a worker with another model loaded
-  pays the load too. No queued work is dropped by a plan change.
+* **Model loads and residency**: a worker keeps up to ``max_resident_models`` models loaded (the
+  live worker's ``[workers] max_loaded_models``, least recently used evicted first) within its
+  GPU's memory (the profile's ``gpu_memory_gb`` and each level's ``memory_gb``, when given). A
+  plan level or a request whose model is resident costs no load (a role swap between resident
+  models is free); otherwise the worker finishes its queued work, then loads for the level's
+  ``load_time_s`` (as the live worker does between batches). A plan's ``preload`` levels are
+  loaded *alongside*, in the background, when memory holds them next to the resident models: the
+  worker keeps serving meanwhile and work for the preloaded model starts when its load ends; a
+  policy with ``replans_on_load`` is re-planned at once when such a load finishes (ARGUS §4.6).
+  No queued work is dropped by a plan change.
 * **Approximate caching**: a request at an AC level with K > 0 looks up the cache (retrieval
   latency added). It is a hit when a prompt served earlier on the AC model is similar enough
   (MiniLM cosine ≥ ``cache_min_similarity``, or an exact repeat when no embeddings are given);
@@ -17,9 +24,15 @@ Virtual clock, deterministic for a seed. The mechanism modelled here:
   K = 0. Every request served on the AC model stores its latents (the cache fills as prompts are
   served; a prompt counts as cached from its dispatch; ``cache_prefill`` caches a share of the
   prompt set before the trace starts).
-* **Cascades**: a policy with ``cascade = True`` sends requests to the light level; after the light
-  batch and the discriminator, a prompt whose confidence is below the plan's threshold is handed
-  to the policy's ``route_heavy`` at that moment.
+* **Cascades**: a policy with ``cascade = True`` runs on a profile with light→heavy pairs (one
+  ``[cascade]`` or a deployment profile's ``[[cascades]]``). After a batch at any pair's light
+  level and the discriminator, a prompt whose confidence (the workload's confidences for that light
+  level) is below the plan's threshold for it is handed to the policy's ``route_heavy`` at that
+  moment, with ``RouteView.deferred_from`` naming the light level; the policy picks the heavy level.
+* **Admission** (``SimConfig.admission``, :mod:`argusdiff.admission`): after ``policy.decide`` an
+  arrival is dropped (``refused``) when it cannot finish by its deadline at its level given the
+  queued requests of the up workers serving that level, or the level is at its queue cap, as the
+  live router refuses it with 429. Off in a bare ``SimConfig``; ``argusdiff replay`` turns it on.
 * **Control period**: every ``period_s`` the simulator builds :class:`ClusterStats` (arrivals,
   queues, loaded models, affinity counts of the predicted optimal levels, cache health seen by
   lookups and probes) and applies ``policy.plan(stats)``.
@@ -41,6 +54,7 @@ from typing import Any
 
 import numpy as np
 
+from argusdiff.admission import ADMITTED, Admission, AdmissionConfig, Decision
 from argusdiff.domain import ApproxLevel, ClusterStats, Plan, Profile, Request, Strategy, Tier
 from argusdiff.errors import ConfigError
 from argusdiff.policies.base import Policy, RouteView
@@ -73,10 +87,16 @@ class SimConfig:
     faults: tuple[Fault, ...] = ()
     warm_start: bool = True  # the first plan's models are loaded before the trace starts
     cache_prefill: float = 0.0  # share of the prompt set whose latents are cached before the trace
+    max_resident_models: int = 2  # models a worker keeps loaded (the live [workers] max_loaded_models)
     # tier -> multiplier on ``slo_s`` for requests without an explicit per-request SLO
     tier_slo: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_TIER_SLO))
+    # admission after the policy, as in the service (argusdiff.admission). Off in a bare
+    # SimConfig (the policy alone); `argusdiff replay` turns it on ([admission] replay)
+    admission: AdmissionConfig = field(default_factory=lambda: AdmissionConfig(enabled=False))
 
     def __post_init__(self) -> None:
+        if not isinstance(self.admission, AdmissionConfig):
+            raise ConfigError(f"admission: expected an AdmissionConfig, got {type(self.admission).__name__}")
         for tier, factor in self.tier_slo.items():
             if not (isinstance(factor, int | float) and math.isfinite(factor) and factor > 0):
                 raise ConfigError(f"tier_slo: multiplier of tier {tier!r} must be a positive number, got {factor!r}")
@@ -90,6 +110,8 @@ class SimConfig:
             raise ConfigError(f"jitter must be >= 0, got {self.jitter}")
         if not 0.0 <= self.cache_prefill <= 1.0:
             raise ConfigError(f"cache prefill must be in [0, 1], got {self.cache_prefill}")
+        if self.max_resident_models < 1:
+            raise ConfigError(f"max_resident_models must be >= 1, got {self.max_resident_models}")
 
 
 @dataclass
@@ -110,6 +132,7 @@ class SimResult:
     quality: np.ndarray  # raw score of the served image
     relative: np.ndarray  # score relative to the prompt's best level
     cache_hit: np.ndarray
+    cache_miss: np.ndarray  # routed to an AC level with K > 0, served at the K = 0 level (miss or cache down)
     best_effort: np.ndarray
     deferred: np.ndarray
     busy: list[tuple[int, float, float]]  # (worker, start, end) of every batch
@@ -118,6 +141,7 @@ class SimResult:
     plans: list[dict[str, Any]] = field(default_factory=list)
     end_s: float = 0.0
     wall_s: float = 0.0
+    refused: np.ndarray | None = None  # dropped by admission (a subset of status == DROPPED)
 
 
 class _Queues:
@@ -193,14 +217,29 @@ class Simulator:
             if lv.strategy is Strategy.AC
         }
         self.cascade = bool(getattr(policy, "cascade", False))
+        # light level id -> its pair (every pair the policy's profile lists)
+        self.specs = {c.light: c for c in policy.profile.cascade_specs} if self.cascade else {}
+        self.confidences: dict[str, np.ndarray] = {}
         if self.cascade:
-            spec = policy.profile.cascade
-            if spec is None:
+            if not self.specs:
                 raise ConfigError(f"policy {policy.name!r} needs a cascade profile, got {policy.profile.name!r}")
-            if workload.confidence is None:
-                raise ConfigError(f"policy {policy.name!r} needs discriminator confidences in the workload")
-            self.spec = spec
+            for light in self.specs:
+                conf = workload.confidences.get(light, workload.confidence)
+                if conf is None:
+                    raise ConfigError(
+                        f"policy {policy.name!r} needs discriminator confidences in the workload "
+                        f"(light level {light!r})"
+                    )
+                self.confidences[light] = conf
         self.needs_similarity = any(lv.strategy is Strategy.AC for lv in self.levels.values())
+        # GPU memory: the model sizes the profiles give and the GPU's (None: not modelled)
+        self.model_memory: dict[str, float] = {}
+        for lv in self.levels.values():
+            if lv.memory_gb is not None:
+                self.model_memory.setdefault(lv.model, lv.memory_gb)
+        mems = [p.gpu_memory_gb for p in profiles if p.gpu_memory_gb is not None]
+        self.gpu_memory = min(mems) if mems else None
+        self.replans_on_load = bool(getattr(policy, "replans_on_load", False))
         if policy.profile.ids not in workload.optimal:
             workload.optimal_for(policy.profile)  # a merged ladder: derive its optimal levels up front
 
@@ -232,7 +271,7 @@ class Simulator:
         self.tier_codes = codes
         # Request objects carry the tier as the domain enum when it is one, else the name
         self._tier_obj = tuple(Tier(t) if t in Tier._value2member_map_ else t for t in names)
-        self._explicit = wl.slo_s is not None or wl.tier is not None
+        self._explicit = wl.slo_s is not None or wl.tier is not None or wl.min_quality is not None
 
     def _request(self, i: int, p: int) -> Request:
         if not self._explicit:
@@ -244,6 +283,7 @@ class Simulator:
             prompt_idx=p,
             slo_s=float(self.req_slo[i]),
             tier=self._tier_obj[self.tier_codes[i]],  # type: ignore[arg-type]
+            min_quality_level=self.wl.min_quality[i] if self.wl.min_quality is not None else None,
         )
 
     # ---- cache model ---------------------------------------------------------------------
@@ -281,7 +321,10 @@ class Simulator:
         self.dq: list[deque] = [deque() for _ in range(G)]
         self.qlen = [0] * G
         self.free_at = [0.0] * G
-        self.model: list[str | None] = [None] * G
+        self.model: list[str | None] = [None] * G  # model of the worker's planned level
+        # models loaded on each worker -> the time each is ready, least recently used first
+        self.resident: list[dict[str, float]] = [{} for _ in range(G)]
+        self.pinned: list[frozenset[str]] = [frozenset() for _ in range(G)]  # planned + preloaded models
         self.wlevel: list[str | None] = [None] * G
         self.load_end = [0.0] * G
         self.up_since = [0.0] * G
@@ -301,15 +344,21 @@ class Simulator:
         self.quality = np.zeros(n, dtype=np.float64)
         self.relative = np.zeros(n, dtype=np.float64)
         self.hit = np.zeros(n, dtype=bool)
+        self.miss = np.zeros(n, dtype=bool)
         self.best_effort = np.zeros(n, dtype=bool)
         self.deferred = np.zeros(n, dtype=bool)
+        self.refused = np.zeros(n, dtype=bool)
+        admission = Admission(self.levels, cfg.admission) if cfg.admission.enabled else None
+        self.admission = admission
         self.req_batch: list[list | None] = [None] * n
         self.epoch = np.zeros(n, dtype=np.int32)
         self.busy: list[list] = []
         self.loads: list[tuple[int, float, float, str]] = []
         self.plans: list[dict[str, Any]] = []
         self.level_arrivals: dict[str, int] = {}
+        self._lookups = self._hits = 0  # cache lookups and hits of the current period
         self.waiting: list[int] = []  # requests accepted while no worker was up
+        self.pullers: dict[str, list[int]] = {}
 
         view = RouteView(slo_s=self.slo_s)
         view.queue_lengths = _Queues(self)  # type: ignore[assignment]
@@ -332,7 +381,7 @@ class Simulator:
         i = 0
         last_tick_i = 0
         period = cfg.period_s
-        route = policy.route
+        route = policy.decide
         report_every = max(1, n // 200)
         optimal = wl.optimal
         cur_opt: np.ndarray | None = None
@@ -351,9 +400,16 @@ class Simulator:
                     # the cluster was running before the trace starts: the first plan sees the
                     # first period's arrivals (otherwise every policy starts planned for 0 QPM)
                     j0 = int(np.searchsorted(arr, period, side="left"))
-                    stats = self._stats(next_tick, period, j0, pidx[:j0])
+                    stats = self._stats(next_tick, period, j0, pidx[:j0], arr[:j0] - period, tiers=self.tier_codes[:j0])
                 else:
-                    stats = self._stats(next_tick, period, i - last_tick_i, pidx[last_tick_i:i])
+                    stats = self._stats(
+                        next_tick,
+                        period,
+                        i - last_tick_i,
+                        pidx[last_tick_i:i],
+                        arr[last_tick_i:i],
+                        tiers=self.tier_codes[last_tick_i:i],
+                    )
                 last_tick_i = i
                 plan = policy.plan(stats)
                 self._apply(plan, next_tick, first_plan and cfg.warm_start)
@@ -367,6 +423,22 @@ class Simulator:
             if te < ta:
                 ev = heapq.heappop(heap)
                 self.now = ev[0]
+                if ev[2] == "loaded":
+                    # ARGUS §4.6: re-solve as soon as a model finishes loading (once for every
+                    # load that finishes at this instant)
+                    fresh = self.up[ev[3]] and self.resident[ev[3]].get(ev[4]) == ev[0]
+                    while heap and heap[0][0] == ev[0] and heap[0][2] == "loaded":
+                        more = heapq.heappop(heap)
+                        fresh = fresh or (self.up[more[3]] and self.resident[more[3]].get(more[4]) == more[0])
+                    if fresh:
+                        stats = self._stats(ev[0], period, 0, pidx[:0], arr[:0], reason="loaded")
+                        plan = policy.plan(stats)
+                        self._apply(plan, ev[0], False)
+                        cur_ids = plan.levels
+                        cur_opt = optimal.get(cur_ids)
+                        if cur_opt is None and cur_ids == policy.profile.ids:
+                            cur_opt = wl.optimal_for(policy.profile)
+                    continue
                 self._event(ev, plan)
                 continue
             # an arrival
@@ -383,9 +455,12 @@ class Simulator:
             a = route(req, plan, view)
             if a.dropped or a.level is None:
                 self.status[i] = DROPPED
+            elif admission is not None and not self._admit(i, a.level, plan, t).admitted:
+                self.status[i] = DROPPED
+                self.refused[i] = True
             else:
                 self.best_effort[i] = a.best_effort
-                self._serve(i, p, t, a.level, a.worker, plan, stage=0)
+                self._serve(i, p, t, a.level, plan, stage=0)
             i += 1
             if self.progress is not None and i % report_every == 0:
                 self.progress(i / n)
@@ -422,6 +497,7 @@ class Simulator:
             quality=self.quality,
             relative=self.relative,
             cache_hit=self.hit,
+            cache_miss=self.miss,
             best_effort=self.best_effort,
             deferred=self.deferred,
             busy=[(b[B_WORKER], b[B_START], b[B_FINISH]) for b in self.busy if b[B_FINISH] > b[B_START]],
@@ -430,11 +506,23 @@ class Simulator:
             plans=self.plans,
             end_s=end,
             wall_s=time.perf_counter() - t_wall,
+            refused=self.refused,
         )
 
     # ---- control path --------------------------------------------------------------------
 
-    def _stats(self, t: float, period: float, arrivals: int, recent: np.ndarray) -> ClusterStats:
+    def _stats(
+        self,
+        t: float,
+        period: float,
+        arrivals: int,
+        recent: np.ndarray,
+        times: np.ndarray,
+        reason: str = "period",
+        tiers: np.ndarray | None = None,
+    ) -> ClusterStats:
+        """What the policy sees at ``t``: ``recent`` the prompt indices and ``times`` the arrival
+        times of the period ``[t - period, t)`` (split into 1 s bins for the demand predictor)."""
         ups = tuple(w for k, w in enumerate(self.wids) if self.up[k])
         q = self.view.queue_lengths
         queue_lengths = {w: q.get(w) for w in ups}
@@ -444,6 +532,13 @@ class Simulator:
             for w in ups
             if self.load_end[self.widx[w]] > t and self.wlevel[self.widx[w]] is not None
         }
+        resident = {w: tuple(m for m, r in self.resident[self.widx[w]].items() if r <= t) for w in ups}
+        nb = max(1, round(period))
+        if reason == "period" and len(times):
+            idx = np.clip(((times - (t - period)) * (nb / period)).astype(np.int64), 0, nb - 1)
+            bins = tuple(int(c) for c in np.bincount(idx, minlength=nb))
+        else:
+            bins = (0,) * nb if reason == "period" else ()
         affinity: dict[str, int] = {}
         if len(recent):
             for ids, pred in self.wl.optimal.items():
@@ -465,8 +560,20 @@ class Simulator:
             lv = self.wlevel[self.widx[w]]
             if lv is not None:
                 level_queue[lv] = level_queue.get(lv, 0) + queue_lengths[w]
-        level_arrivals = dict(self.level_arrivals)
-        self.level_arrivals.clear()
+        tier_arrivals: dict[str, int] = {}
+        hit_rate = None
+        if reason == "period":
+            level_arrivals = dict(self.level_arrivals)
+            self.level_arrivals.clear()
+            if tiers is not None and len(tiers):
+                counts = np.bincount(tiers, minlength=len(self.tier_names))
+                tier_arrivals = {name: int(c) for name, c in zip(self.tier_names, counts, strict=True) if c}
+            if self._lookups:
+                hit_rate = self._hits / self._lookups
+            self._lookups = self._hits = 0
+        else:
+            level_arrivals = {}
+            affinity = {}
         return ClusterStats(
             now_s=t,
             period_s=period,
@@ -480,22 +587,48 @@ class Simulator:
             cache_error_rate=err if self.needs_similarity else 0.0,
             level_queue=level_queue,
             level_arrivals=level_arrivals,
+            arrival_bins=bins,
+            bin_s=period / nb if bins else 0.0,
+            resident=resident,
+            reason=reason,
+            tier_arrivals=tier_arrivals,
+            cache_hit_rate=hit_rate if self.needs_similarity else None,
         )
 
     def _apply(self, plan: Plan, t: float, warm: bool) -> None:
         widx = self.widx
+        # which workers pull each level's queue (workers.loop): its planned workers, and for an AC
+        # level the plan gives no worker, the workers of a level of the same model and N
+        pullers: dict[str, list[int]] = {}
+        for wid, lv in plan.assignment.items():
+            if lv is not None and wid in widx:
+                pullers.setdefault(lv, []).append(widx[wid])
+        for lv in list(pullers):
+            for sib in plan.unserved_siblings(self.levels, lv):
+                pullers.setdefault(sib, []).extend(pullers[lv])
+        self.pullers = pullers
         for wid, lv in plan.assignment.items():
             w = widx.get(wid)
             if w is None:
                 raise ConfigError(f"policy {self.policy.name!r} planned unknown worker {wid!r}")
             self.wlevel[w] = lv
-            if lv is None or not self.up[w]:
-                continue
-            level = self.levels.get(lv)
-            if level is None:
+            level = self.levels.get(lv) if lv is not None else None
+            if lv is not None and level is None:
                 raise ConfigError(f"policy {self.policy.name!r} planned unknown level {lv!r}")
-            if self.model[w] != level.model:
-                self._load(w, level, t, warm)
+            pre = []
+            for p in plan.preload.get(wid, ()):
+                plv = self.levels.get(p)
+                if plv is None:
+                    raise ConfigError(f"policy {self.policy.name!r} preloads unknown level {p!r}")
+                pre.append(plv)
+            self.pinned[w] = frozenset([level.model] if level is not None else []) | {x.model for x in pre}
+            if level is None or not self.up[w]:
+                continue
+            self.model[w] = level.model
+            self.view.worker_models[wid] = level.model
+            self._need(w, level, t, warm=warm)
+            for plv in pre:
+                self._preload(w, plv, t, warm=warm)
         self.plans.append(
             {
                 "t": t,
@@ -511,17 +644,79 @@ class Simulator:
             }
         )
 
-    def _load(self, w: int, level: ApproxLevel, t: float, warm: bool) -> None:
-        self.model[w] = level.model
-        self.view.worker_models[self.wids[w]] = level.model
+    # ---- model residency ---------------------------------------------------------------------
+
+    def _fits(self, w: int, model: str, keep: set[str]) -> bool:
+        """Whether ``model`` fits on ``w`` next to the resident models in ``keep``."""
+        if len(keep) + 1 > self.cfg.max_resident_models:
+            return False
+        if self.gpu_memory is None:
+            return True
+        mem = self.model_memory
+        used = sum(mem.get(m, 0.0) for m in keep)
+        return used + mem.get(model, 0.0) <= self.gpu_memory + 1e-9
+
+    def _in_use(self, w: int, t: float) -> set[str]:
+        """Models of batches on ``w`` that have not finished at ``t``."""
+        return {self.levels[b[B_LEVEL]].model for b in self.dq[w] if b[B_FINISH] > t}
+
+    def _make_room(self, w: int, model: str, keep: set[str]) -> bool:
+        """Evict least recently used models of ``w`` outside ``keep`` until ``model`` fits."""
+        res = self.resident[w]
+        while True:
+            current = set(res)
+            if self._fits(w, model, current):
+                return True
+            victims = [m for m in res if m not in keep]
+            if not victims:
+                return False
+            del res[victims[0]]
+
+    def _need(self, w: int, level: ApproxLevel, t: float, *, warm: bool = False) -> float:
+        """The time ``level``'s model is ready on ``w``: at once when resident, else after a load
+        that waits for the worker's queued work (the old model may have to leave memory)."""
+        res = self.resident[w]
+        model = level.model
+        if model in res:
+            ready = res.pop(model)
+            res[model] = ready  # most recently used
+            return ready
         if warm:
-            return
+            self._make_room(w, model, set(self.pinned[w]))
+            res[model] = 0.0
+            return 0.0
         start = max(t, self.free_at[w])
+        # by ``start`` the queued work is done: only the plan's other models are worth keeping
+        if not self._make_room(w, model, set(self.pinned[w]) - {model}):
+            self._make_room(w, model, set())
         end = start + level.load_time_s
-        self.loads.append((w, start, end, level.model))
+        res[model] = end
+        self.loads.append((w, start, end, model))
         self.free_at[w] = end
         self.load_end[w] = end
         self.view.busy_until[self.wids[w]] = end
+        return end
+
+    def _preload(self, w: int, level: ApproxLevel, t: float, *, warm: bool = False) -> None:
+        """Load ``level``'s model alongside the resident ones (background; the worker keeps
+        serving) when GPU memory holds it next to the models the worker uses or plans."""
+        res = self.resident[w]
+        model = level.model
+        if model in res:
+            return
+        keep = set(self.pinned[w]) | self._in_use(w, t)
+        keep.discard(model)
+        if not self._make_room(w, model, keep):
+            return  # does not fit next to what the worker needs: loaded when first used instead
+        if warm:
+            res[model] = 0.0
+            return
+        end = t + level.load_time_s
+        res[model] = end
+        self.loads.append((w, t, end, model))
+        self.load_end[w] = max(self.load_end[w], end)
+        if self.replans_on_load:
+            self._push(end, "loaded", w, model)
 
     # ---- events ----------------------------------------------------------------------------
 
@@ -539,6 +734,7 @@ class Simulator:
             self.up_since[w] = t
             self.free_at[w] = t
             self.model[w] = None
+            self.resident[w].clear()
             self.view.worker_models[self.wids[w]] = None
             self.view.busy_until[self.wids[w]] = t
             self.view.up.add(self.wids[w])
@@ -557,7 +753,7 @@ class Simulator:
             if ready > t + 1e-12:  # the light batch grew after this event was scheduled
                 self._push(ready, "defer", i, epoch, batch)
                 return
-            self._defer(i, t, plan)
+            self._defer(i, t, plan, batch[B_LEVEL])
 
     def _workers_down(self, t: float, count: int, duration: float) -> None:
         victims = [w for w in range(len(self.wids) - 1, -1, -1) if self.up[w]][:count]
@@ -568,6 +764,7 @@ class Simulator:
             self.view.up.discard(wid)
             self.view.busy_until[wid] = INF
             self.model[w] = None
+            self.resident[w].clear()  # loads in progress are lost with the worker
             self.view.worker_models[wid] = None
             for b in self.dq[w]:
                 if b[B_FINISH] <= t:
@@ -597,18 +794,37 @@ class Simulator:
         if self.needs_similarity:
             view.cache_similarity = self.similarity(p) if up_cache else None
         req = self._request(i, p)
-        a = self.policy.route(req, plan, view)
+        a = self.policy.decide(req, plan, view)
         if a.dropped or a.level is None:
             self.status[i] = DROPPED
             return
-        self._serve(i, p, t, a.level, a.worker, plan, stage=0)
+        self._serve(i, p, t, a.level, plan, stage=0)
 
-    def _defer(self, i: int, t: float, plan: Plan | None) -> None:
+    def _admit(self, i: int, level_id: str, plan: Plan | None, t: float) -> Decision:
+        """Admission (argusdiff.admission) of arrival ``i`` routed to ``level_id``: the requests
+        queued or in service on the up workers serving the level, as the service's in-flight count
+        of the level."""
+        if plan is None:
+            return ADMITTED
+        adm = self.admission
+        ws = adm.workers(plan, level_id, self.view.up)
+        get = self.view.queue_lengths.get
+        queued = 0
+        for w in ws:
+            queued += get(w)
+        return adm.check(
+            level_id, plan=plan, queued=queued, workers=len(ws),
+            now_s=t, arrival_s=float(self.wl.arrivals_s[i]), slo_s=float(self.req_slo[i]),
+        )  # fmt: skip
+
+    def _defer(self, i: int, t: float, plan: Plan | None, light: str) -> None:
         p = int(self.wl.prompt_idx[i])
         view = self.view
         view.now_s = t
         req = self._request(i, p)
-        a = self.policy.route_heavy(req, plan, view)  # type: ignore[attr-defined]
+        view.deferred_from = light  # which pair's heavy level the policy picks
+        a = self.policy.decide_heavy(req, plan, view)
+        view.deferred_from = None
         if a.level is None and not a.dropped:
             return  # the policy keeps the light image
         self.deferred[i] = True
@@ -616,9 +832,37 @@ class Simulator:
             self.status[i] = DROPPED
             self.level_arr[i] = -1
             return
-        self._serve(i, p, t, a.level, a.worker, plan, stage=1)
+        self._serve(i, p, t, a.level, plan, stage=1)
 
     # ---- data path mechanism ---------------------------------------------------------------
+
+    def _puller(self, level_id: str, served: ApproxLevel, t: float, bsize: int) -> int | None:
+        """The up worker that pulls ``level_id``'s queue (its planned workers, or the workers of an
+        AC sibling level when the plan gives it none) and starts this request first: it joins
+        the last batch of a worker when that batch has not started, runs ``served`` and has room
+        (greedy batching), else it starts when the worker frees up (and its model is ready)."""
+        best = None
+        best_key = INF
+        for w in self.pullers.get(level_id, ()):
+            if not self.up[w]:
+                continue
+            dq = self.dq[w]
+            last = dq[-1] if dq else None
+            if (
+                bsize > 1
+                and last is not None
+                and last[B_START] > t
+                and last[B_LEVEL] == served.id
+                and last[B_SIZE] < bsize
+            ):
+                key = last[B_START]
+            else:
+                ready = self.resident[w].get(served.model)
+                free = max(self.free_at[w], t)
+                key = free + served.load_time_s if ready is None else max(free, ready)
+            if key < best_key:
+                best_key, best = key, w
+        return best
 
     def _pick_up_worker(self, level: ApproxLevel, t: float) -> int | None:
         """The up worker that would start ``level`` first (a model load counted when needed)."""
@@ -627,26 +871,16 @@ class Simulator:
         for w in range(len(self.wids)):
             if not self.up[w]:
                 continue
-            key = max(self.free_at[w], t) + (0.0 if self.model[w] == level.model else level.load_time_s)
+            ready = self.resident[w].get(level.model)
+            key = max(self.free_at[w], t) + level.load_time_s if ready is None else max(self.free_at[w], t, ready)
             if key < best_key:
                 best_key, best = key, w
         return best
 
-    def _serve(
-        self, i: int, p: int, t: float, level_id: str, worker: str | None, plan: Plan | None, stage: int
-    ) -> None:
+    def _serve(self, i: int, p: int, t: float, level_id: str, plan: Plan | None, stage: int) -> None:
         lv = self.levels.get(level_id)
         if lv is None:
             raise ConfigError(f"policy {self.policy.name!r} routed to unknown level {level_id!r}")
-        w = self.widx.get(worker) if worker is not None else None
-        if w is None or not self.up[w]:
-            w = self._pick_up_worker(lv, t)
-            if w is None:
-                # no worker is up: accepted work waits for the first one to come back
-                self.status[i] = PENDING
-                self.waiting.append(i)
-                return
-        self.level_arrivals[level_id] = self.level_arrivals.get(level_id, 0) + 1
         served = lv
         extra = 0.0
         hit = False
@@ -656,16 +890,29 @@ class Simulator:
                 served = self.levels[self.ac_base[level_id]]
             else:
                 extra = self.cfg.cache_latency_s
+                self._lookups += 1
                 if self.similarity(p) >= self.cfg.cache_min_similarity:
                     hit = True
+                    self._hits += 1
                 else:
                     served = self.levels[self.ac_base[level_id]]
-        if self.model[w] != served.model:
-            self._load(w, served, t, False)
-        if self.cascade and stage == 0 and served.id == self.spec.light:
-            extra += self.spec.discriminator_latency_s
-        jit = self.jit[i] if self.jit is not None else 1.0
         bsize = plan.batch_sizes.get(served.id, 1) if plan is not None and plan.batch_sizes else 1
+        # pull-based per-level queues, as the service: the request goes to the worker of its level
+        # that starts it first (FIFO over the level's workers); the policy's worker is an estimate
+        w = self._puller(level_id, served, t, bsize)
+        if w is None:
+            w = self._pick_up_worker(lv, t)
+            if w is None:
+                # no worker is up: accepted work waits for the first one to come back
+                self.status[i] = PENDING
+                self.waiting.append(i)
+                return
+        self.level_arrivals[level_id] = self.level_arrivals.get(level_id, 0) + 1
+        ready = self._need(w, served, t)
+        spec = self.specs.get(served.id) if stage == 0 else None
+        if spec is not None:
+            extra += spec.discriminator_latency_s
+        jit = self.jit[i] if self.jit is not None else 1.0
         dq = self.dq[w]
         # bring the queue up to date before touching its tail
         now = t
@@ -680,7 +927,7 @@ class Simulator:
             batch = last
             self.qlen[w] += 1
         else:
-            start = self.free_at[w] if self.free_at[w] > t else t
+            start = max(self.free_at[w], t, ready)
             finish = start + served.latency(1) * jit + extra
             batch = [start, finish, 1, served.id, [i], w, jit, extra]
             dq.append(batch)
@@ -694,11 +941,12 @@ class Simulator:
         self.quality[i] = self.wl.quality[served.id][p]
         self.relative[i] = self.wl.relative[served.id][p]
         self.hit[i] = hit
+        self.miss[i] = served is not lv
         if served.strategy is Strategy.AC:
             self.cached[p] = True
-        if self.cascade and stage == 0 and served.id == self.spec.light:
+        if spec is not None:
             threshold = plan.thresholds.get(served.id, 0.0) if plan is not None else 0.0
-            if self.wl.confidence[p] < threshold:
+            if self.confidences[served.id][p] < threshold:
                 self._push(batch[B_FINISH], "defer", i, int(self.epoch[i]), batch)
 
 

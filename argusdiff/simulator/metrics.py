@@ -8,7 +8,7 @@
   same over each prompt's quality at the best level of its profile;
 * goodput: requests served within the SLO per minute;
 * GPU utilization: busy worker-seconds over up worker-seconds (model loads are not busy time);
-* model switches: model loads started; level mix: share of served requests per level.
+* model switches: model loads started (blocking and background preloads); level mix: share of served requests per level.
 """
 
 from __future__ import annotations
@@ -133,6 +133,7 @@ def summarize(res: SimResult, minutes: dict[str, np.ndarray] | None = None) -> d
         "served": int(served.sum()),
         "within_slo": n_ok,
         "dropped": int(np.sum(res.status == DROPPED)),
+        "refused": int(res.refused.sum()) if res.refused is not None else 0,  # by admission (in dropped)
         "best_effort": int(res.best_effort.sum()),
         "deferred": int(res.deferred.sum()),
         "slo_s": res.slo_s,
@@ -145,6 +146,11 @@ def summarize(res: SimResult, minutes: dict[str, np.ndarray] | None = None) -> d
         "gpu_utilization": busy_s / up_s if up_s > 0 else 0.0,
         "model_switches": len(res.loads),
         "cache_hit_ratio": float(res.cache_hit[served].mean()) if served.any() else 0.0,
+        # requests routed to an AC level with K > 0 (a cache lookup), those that missed and ran
+        # at K = 0, and how many of the misses violated the SLO
+        "cache_lookups": int(np.sum(served & (res.cache_hit | res.cache_miss))),
+        "cache_misses": int(np.sum(served & res.cache_miss)),
+        "miss_violations": int(np.sum(served & res.cache_miss & ~ok)),
         "latency_p50_s": float(np.median(lat_served)) if len(lat_served) else float("nan"),
         "latency_p99_s": float(np.quantile(lat_served, 0.99)) if len(lat_served) else float("nan"),
         "level_mix": {lv: c / total_served for lv, c in mix.items() if c},

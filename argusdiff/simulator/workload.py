@@ -64,7 +64,9 @@ class Workload:
 
     Per request (optional, arrival order): ``slo_s`` an explicit deadline relative to arrival in
     seconds (NaN: none, the tier's SLO applies) and ``tier`` the service tier name (``None``: every
-    request is ``standard``). ``slo_note`` says where they came from or why they were ignored.
+    request is ``standard``), ``min_quality`` the request's minimum quality level id (``None``:
+    none; the policy's routing applies it, as the live router's). ``slo_note`` says where they came
+    from or why they were ignored.
     """
 
     arrivals_s: np.ndarray
@@ -76,6 +78,9 @@ class Workload:
     neighbours: np.ndarray | None = None
     neighbour_sim: np.ndarray | None = None
     confidence: np.ndarray | None = None
+    # per cascade light level id, its discriminator's confidence per prompt (profiles with several
+    # pairs); a light level not listed uses ``confidence``
+    confidences: dict[str, np.ndarray] = field(default_factory=dict)
     classifier: str = "none"
     quality_source: str = ""
     similarity_source: str = "exact repeats only"
@@ -83,6 +88,7 @@ class Workload:
     trace_name: str = ""
     slo_s: np.ndarray | None = None
     tier: tuple[str, ...] | None = None
+    min_quality: tuple[str | None, ...] | None = None
     slo_note: str = ""
     derived_optimal: dict[tuple[str, ...], str] = field(default_factory=dict)
 
@@ -102,6 +108,10 @@ class Workload:
             self.tier = tuple(str(t) for t in self.tier)
             if len(self.tier) != n_req:
                 raise ConfigError(f"workload: {len(self.tier)} tiers for {n_req} arrivals")
+        if self.min_quality is not None:
+            self.min_quality = tuple(None if q is None else str(q) for q in self.min_quality)
+            if len(self.min_quality) != n_req:
+                raise ConfigError(f"workload: {len(self.min_quality)} minimum quality levels for {n_req} arrivals")
         if n_req and np.any(np.diff(self.arrivals_s) < 0):
             order = np.argsort(self.arrivals_s, kind="stable")
             self.arrivals_s = self.arrivals_s[order]
@@ -110,6 +120,8 @@ class Workload:
                 self.slo_s = self.slo_s[order]
             if self.tier is not None:
                 self.tier = tuple(self.tier[k] for k in order)
+            if self.min_quality is not None:
+                self.min_quality = tuple(self.min_quality[k] for k in order)
         n = len(self.prompts)
         if n == 0:
             raise ConfigError("workload: empty prompt set")
@@ -180,6 +192,7 @@ def build_workload(
     classifiers: Mapping[str, Any] | None = None,
     embeddings: np.ndarray | None = None,
     confidence: np.ndarray | None = None,
+    confidences: Mapping[str, np.ndarray] | None = None,
     classifier_desc: str = "none",
     quality_source: str = "",
     similarity_source: str | None = None,
@@ -225,6 +238,7 @@ def build_workload(
         neighbours=neighbours,
         neighbour_sim=sims,
         confidence=None if confidence is None else np.asarray(confidence, dtype=np.float64),
+        confidences={k: np.asarray(v, dtype=np.float64) for k, v in (confidences or {}).items()},
         classifier=classifier_desc,
         quality_source=quality_source,
         similarity_source=similarity_source
@@ -258,11 +272,15 @@ def quick_workload(
     tables = {p.name: (p, synthetic_quality_table(prompts, p, seed=seed)) for p in profiles}
     classifiers = {name: OracleClassifier(t, confusion=confusion, seed=seed) for name, (_p, t) in tables.items()}
     confidence = None
+    confidences: dict[str, np.ndarray] = {}
     for p, t in tables.values():
-        if p.cascade is not None:
+        if p.cascade is not None or p.cascades:
             from argusdiff.replay import _cascade_confidence
 
-            confidence = _cascade_confidence(t, p, seed)
+            for spec in p.cascade_specs:
+                confidences[spec.light] = _cascade_confidence(t, p, seed, spec)
+            if p.cascade is not None:
+                confidence = confidences[p.cascade.light]
     tr = load_trace(trace, seed=seed, n_prompts=len(prompts))
     slo_s, tier, slo_note = trace_deadlines(tr)
     return build_workload(
@@ -273,6 +291,7 @@ def quick_workload(
         classifiers=classifiers,
         embeddings=embeddings,
         confidence=confidence,
+        confidences=confidences,
         classifier_desc=next(iter(classifiers.values())).description,
         quality_source="SYNTHETIC (traces.synthetic)",
         trace_name=tr.name,

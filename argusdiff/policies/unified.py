@@ -1,0 +1,390 @@
+"""argus+ over every path of a deployment profile: one plan for approximate caching, smaller
+models and light→heavy cascades together, per SLO tier (:mod:`solver.unified`, docs/solver.md).
+
+Control path, every period (:func:`unified_plan`): the shared demand predictor's estimate (plus
+the backlog's drain rate) with the predictor's margin as burst headroom on every tier, the affinity
+histogram H of the classifier's optimal levels, the tier mix of recent arrivals (Nitsum tiers:
+interactive capacity is reserved first), the observed cache hit rate (an AC level's misses run at
+K = 0), the workers' current and resident models (switch costs) go into
+:func:`solver.paths.problem_from_profile`; :func:`solver.unified.plan_unified` picks integer
+workers per model, each cascade's threshold on its profiled f(t) grid and routing shares from
+each class to each path, jointly. The result is an ordinary :class:`~argusdiff.domain.Plan`: the
+PASM over all tiers, one PASM per tier (``Plan.tier_pasm``), thresholds keyed by light level and
+each light level's heavy level (``Plan.cascades``).
+
+Data path (:class:`UnifiedRouting`): a level drawn from the request's tier's PASM row of its
+predicted optimal level; the worker among those holding that level's model with the smallest
+queue length × processing time (ARGUS §4.4; levels of one model share their workers); with
+admission, a request that would finish after its deadline moves to the best level (for its class)
+that meets it, else runs best-effort where it finishes first. A deferral (``route_heavy``) goes to
+the pair's heavy level on a worker holding the heavy model, or keeps the light image when no such
+worker is planned or the heavy run would miss the deadline.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from argusdiff.domain import Assignment, ClusterStats, Plan, Profile, Request, Strategy
+from argusdiff.policies.base import RouteView, select_worker
+
+__all__ = ["STRATEGY_NAMES", "UnifiedRouting", "tier_mix", "unified_plan"]
+
+#: names of the path kinds the ``paths`` option selects (ablations: argus+ without one of them)
+STRATEGY_NAMES = {"ac": Strategy.AC, "sm": Strategy.SM, "cascade": Strategy.CASCADE}
+TIER_DECAY = 0.5  # weight of the older tier mix when a period's arrivals are added
+#: the unified plan's formulation when the policy's ``formulation`` is one of Eq. 1's (aggregated,
+#: paper): the MILP; with per-class profiled f_c(t) tables the exact search's threshold intervals
+#: prune little (docs/solver.md, "In argus+")
+UNIFIED_FORMULATION = "milp"
+
+
+def _first(tier: str, tiers: Mapping[str, float]) -> bool:
+    """Whether ``tier`` is the interactive tier of a mix with lower tiers behind it (the tier whose
+    capacity is reserved first; a mix of one tier reserves nothing)."""
+    return tier == "interactive" and len(tiers) > 1
+
+
+def grid_points(n: int, points: int | None) -> tuple[int, ...]:
+    """Indices of about ``points`` evenly spaced points of an n-point threshold grid, both ends kept
+    (None or ``points`` >= n: every point)."""
+    if points is None or points >= n:
+        return tuple(range(n))
+    step = max(1, math.ceil((n - 1) / max(1, points - 1)))
+    idx = list(range(0, n, step))
+    if idx[-1] != n - 1:
+        idx.append(n - 1)
+    return tuple(idx)
+
+
+def _on_grid(spec, idx: tuple[int, ...]):
+    import dataclasses
+
+    if len(idx) == len(spec.thresholds):
+        return spec
+    return dataclasses.replace(
+        spec,
+        thresholds=tuple(spec.thresholds[i] for i in idx),
+        deferral=tuple(spec.deferral[i] for i in idx),
+        quality=None if spec.quality is None else tuple(spec.quality[i] for i in idx),
+    )
+
+
+def tier_mix(previous: Mapping[str, float], arrivals: Mapping[str, int]) -> dict[str, float]:
+    """The tier mix (shares) after a period: the older mix decayed by :data:`TIER_DECAY` plus the
+    period's arrivals per tier."""
+    total = sum(arrivals.values())
+    if total <= 0:
+        return dict(previous)
+    new = {t: c / total for t, c in arrivals.items() if c > 0}
+    if not previous:
+        return new
+    out = {t: TIER_DECAY * previous.get(t, 0.0) + (1 - TIER_DECAY) * new.get(t, 0.0) for t in {*previous, *new}}
+    s = sum(out.values())
+    return {t: v / s for t, v in out.items() if v > 1e-6}
+
+
+def unified_plan(
+    policy: Any,
+    profile: Profile,
+    stats: ClusterStats,
+    *,
+    demand: float,
+    affinity: tuple[float, ...],
+    tiers: Mapping[str, float],
+    tier_deadline: Mapping[str, float],
+    hit_rate: float,
+    version: int,
+) -> Plan:
+    """The plan of ``policy`` (an argus+ on a profile with several kinds of path) for ``stats``."""
+    from solver.paths import TierSpec, nitsum_tiers, problem_from_profile, ranked_deferral
+    from solver.unified import FORMULATIONS, plan_unified, restrict
+
+    o = policy.options
+    margin = float(policy.predictor_spec.margin)
+    keep = {c.light: grid_points(len(c.thresholds), o.threshold_points) for c in profile.cascade_specs}
+    specs = [_on_grid(c, keep[c.light]) for c in profile.cascade_specs]
+    tables = o.cascade_tables if o.cascade_tables is not None else (ranked_deferral(profile, specs) if specs else None)
+    if o.cascade_tables is not None:
+        tables = {
+            light: tuple(tuple(tuple(row[i] for i in keep[light]) for row in t) for t in pair)
+            for light, pair in tables.items()
+            if light in keep
+        }
+    ids = set(profile.ids)
+    current = {w: (lv if lv in ids else None) for w, lv in stats.current.items() if w in set(stats.workers)}
+    models = {lv.model for lv in profile.levels}
+    resident = {w: tuple(m for m in ms if m in models) for w, ms in stats.resident.items()}
+    slo = float(policy.slo_s)
+    if o.tiers and tiers:
+        tier_specs = nitsum_tiers(
+            slo,
+            tiers,
+            deadline_factor=dict(tier_deadline),
+            weight=dict(o.tier_weights or {}),
+            headroom={t: margin * (o.first_tier_headroom if _first(t, tiers) else 1.0) for t in tiers},
+        )
+    else:
+        tier_specs = (TierSpec("standard", 1.0, slo, 1.0, margin),)
+    problem = problem_from_profile(
+        profile,
+        list(stats.workers),
+        demand,
+        cascades=specs,
+        affinity=affinity,
+        current=current,
+        resident=resident,
+        tiers=tier_specs,
+        hit_rate=hit_rate,
+        class_quality=o.class_quality,
+        cascade_tables=tables,
+        cache_latency_s=float(stats.cache_latency_s or 0.0),
+    )
+    if o.paths is not None:
+        problem = restrict(problem, {STRATEGY_NAMES[s] for s in o.paths})
+    up = plan_unified(
+        problem,
+        formulation=o.formulation if o.formulation in FORMULATIONS else UNIFIED_FORMULATION,
+        backend=o.backend,
+        switch_tolerance=max(o.switch_tolerance, 0.02) if o.switch_aware else o.switch_tolerance,
+        time_limit_s=o.time_limit_s,
+    )
+    plan = up.to_plan(version=version, created_s=stats.now_s, policy=policy.name)
+    reserved = reserve_workers(problem, up) if len(up.tiers) > 1 else {}
+    routed = {p for p in problem.paths if p.is_cascade}
+    cascades = {p.id: p.heavy.level for p in routed if p.heavy is not None}
+    tier_pasm = {t: up.pasm(t) for t in up.tiers} if len(up.tiers) > 1 else {}
+    import dataclasses
+
+    # a model's workers serve every level of it: publish them at the model's cache-miss level (AC:
+    # K = 0; other models: their one level), so the AC levels of one model are siblings without
+    # workers of their own and every worker of the model pulls their queues (Plan.unserved_siblings)
+    pooled = {w: (profile.ac_base(lv).id if lv is not None else None) for w, lv in plan.assignment.items()}
+    plan = dataclasses.replace(
+        plan,
+        assignment=pooled,
+        predicted_qpm=float(demand),
+        margin=margin,
+        tier_pasm=tier_pasm,
+        cascades=cascades,
+        reserved=reserved,
+        notes=(*plan.notes, f"unified plan over {len(problem.paths)} paths, {up.solve_s * 1000:.1f} ms"),
+    )
+    plan.validate()
+    return plan
+
+
+def tier_pool_loads(problem, up) -> dict[str, dict[str, float]]:
+    """Worker-seconds per minute each tier's planned flows put on each pool (model)."""
+    paths = {p.id: p for p in problem.paths}
+    cls = {c: i for i, c in enumerate(problem.classes)}
+    out: dict[str, dict[str, float]] = {}
+    for (tier, c), flows in up.routing.items():
+        loads = out.setdefault(tier, {})
+        ci = cls[c]
+        for pid, x in flows.items():
+            p = paths[pid]
+            use: list[tuple[str, float]] = []
+            if p.miss is not None:
+                use += [
+                    (p.stage.pool, p.hit_rate * p.stage.service_s),
+                    (p.miss.pool, (1 - p.hit_rate) * p.miss.service_s),
+                ]
+            else:
+                use.append((p.stage.pool, p.stage.service_s))
+            if p.heavy is not None:
+                k = p.thresholds.index(up.thresholds[pid]) if up.thresholds.get(pid) in p.thresholds else 0
+                row = p.deferral[ci] if len(p.deferral) > 1 else p.deferral[0]
+                use.append((p.heavy.pool, row[k] * p.heavy.service_s))
+            for pool, u in use:
+                loads[pool] = loads.get(pool, 0.0) + x * u
+    return out
+
+
+def reserve_workers(problem, up) -> dict[str, str]:
+    """Workers reserved for the first (highest-priority) tier: in each pool, as many as that tier's
+    planned load (headroom included) needs, leaving at least one worker to the other tiers where
+    they have load on that pool."""
+    first = up.tiers[0]
+    loads = tier_pool_loads(problem, up)
+    mine = loads.get(first, {})
+    others = {pool for t, ls in loads.items() if t != first for pool, v in ls.items() if v > 1e-9}
+    by_pool: dict[str, list[str]] = {}
+    for w in sorted(problem.workers):
+        pool = up.assignment.get(w)
+        if pool is not None:
+            by_pool.setdefault(pool, []).append(w)
+    out: dict[str, str] = {}
+    for pool, ws in by_pool.items():
+        need = math.ceil(mine.get(pool, 0.0) / 60.0 - 1e-9)
+        if pool in others:
+            need = min(need, len(ws) - 1)
+        for w in ws[: max(0, need)]:
+            out[w] = first
+    return out
+
+
+class UnifiedRouting:
+    """Per-plan tables of the unified data path: cumulative PASM rows per tier, the workers that
+    hold each level's model, each level's latency and the class-quality order of the levels."""
+
+    __slots__ = (
+        "cum",
+        "index",
+        "k0",
+        "lat",
+        "levels",
+        "needs_hit",
+        "pool",
+        "quality",
+        "reserved",
+        "tier_cum",
+        "tier_pool",
+        "version",
+    )
+
+    def __init__(self, plan: Plan, profile: Profile) -> None:
+        from solver.paths import class_quality_model
+
+        self.version = plan.version
+        self.levels = plan.levels
+        self.index = {lv: i for i, lv in enumerate(plan.levels)}
+        lvls = [profile.level(lv) for lv in plan.levels]
+        by_model: dict[str, list[str]] = {}
+        for w, lv in plan.assignment.items():
+            if lv is not None and lv in self.index:
+                by_model.setdefault(profile.level(lv).model, []).append(w)
+        self.pool = [by_model.get(lv.model, []) for lv in lvls]
+        # per tier: the workers its requests may use (not those reserved for another tier)
+        self.reserved = dict(plan.reserved)
+        self.tier_pool: dict[str, list[list[str]]] = {}
+        for t in {*plan.reserved.values(), *plan.tier_pasm}:
+            self.tier_pool[t] = [[w for w in ws if plan.reserved.get(w, t) == t] for ws in self.pool]
+        disc = {c.light: c.discriminator_latency_s for c in profile.cascade_specs}
+        self.lat = [lv.latency(1) + disc.get(lv.id, 0.0) for lv in lvls]
+        self.needs_hit = [lv.strategy is Strategy.AC and lv.skip > 0 for lv in lvls]
+        self.k0 = [profile.ac_base(lv.id).latency(1) for lv in lvls]
+        self.cum = [np.cumsum(row) for row in plan.pasm]
+        self.tier_cum = {t: [np.cumsum(row) for row in rows] for t, rows in plan.tier_pasm.items()}
+        # per class: quality of each plan level (the planner's model); ties go to the faster level
+        full = class_quality_model(profile.levels)
+        pos = {lv: i for i, lv in enumerate(profile.ids)}
+        self.quality = [
+            [full[pos[c]][pos[lv]] for lv in plan.levels] if c in pos else [1.0] * len(plan.levels) for c in plan.levels
+        ]
+
+    def pools(self, tier: str | None) -> list[list[str]]:
+        """Workers per level that a request of ``tier`` may use (None: tier-unaware, every worker)."""
+        if tier is None or not self.reserved:
+            return self.pool
+        got = self.tier_pool.get(tier)
+        if got is None:
+            got = self.tier_pool[tier] = [[w for w in ws if w not in self.reserved] for ws in self.pool]
+        return got
+
+    def draw(self, row: int, tier: str | None, u: float) -> int:
+        cum = self.tier_cum.get(tier, self.cum)[row] if tier is not None else self.cum[row]
+        j = int(np.searchsorted(cum, u * cum[-1], side="right")) if cum[-1] > 0 else row
+        j = min(j, len(self.levels) - 1)
+        pool = self.pools(tier)
+        if pool[j]:
+            return j
+        served = [k for k in range(len(self.levels)) if pool[k]]
+        if not served:
+            return j
+        q = self.quality[row]
+        return min(served, key=lambda k: (-q[k], self.lat[k]))
+
+    def latency(self, k: int, hit_ok: bool) -> float:
+        return self.lat[k] if hit_ok or not self.needs_hit[k] else self.k0[k]
+
+
+def route_unified(policy: Any, r: UnifiedRouting, request: Request, view: RouteView) -> Assignment:
+    """The unified data path for one request (see the module doc)."""
+    o = policy.options
+    row = r.index.get(view.optimal_level, 0) if view.optimal_level is not None else 0
+    tier = str(request.tier) if o.tiers else None
+    j = r.draw(row, tier, policy.rng.random())
+    pool = r.pools(tier)
+    if not pool[j]:
+        return Assignment(level=r.levels[j], worker=None, reason="no worker in the plan")
+    hit_ok = True
+    if any(r.needs_hit):
+        from cache.policy import k_for_similarity
+
+        sim = view.cache_similarity
+        hit_ok = view.cache_healthy and sim is not None and k_for_similarity(sim) > 0
+    now = view.now_s
+    bu = view.busy_until
+    lat_j = r.latency(j, hit_ok)
+    w = select_worker(pool[j], view, lat_j)
+    a = Assignment(level=r.levels[j], worker=w, optimal_level=view.optimal_level)
+    if not o.admission:
+        return a
+    slo = request.slo_s if (o.tiers and request.slo_s is not None) else policy.slo_s
+    deadline = request.arrival_s + slo
+    if max(now, bu.get(w, now)) + lat_j <= deadline:
+        return a
+    q = r.quality[row]
+    best: tuple | None = None
+    first: tuple | None = None
+    for k in range(len(r.levels)):
+        if not pool[k] or k == j:
+            continue
+        lat_k = r.latency(k, hit_ok)
+        wk = select_worker(pool[k], view, lat_k)
+        finish = max(now, bu.get(wk, now)) + lat_k
+        if finish <= deadline:
+            key = (-q[k], lat_k)
+            if best is None or key < best[0]:
+                best = (key, k, wk)
+        if first is None or finish < first[0]:
+            first = (finish, k, wk)
+    if best is not None:
+        _, k, wk = best
+        return Assignment(
+            level=r.levels[k], worker=wk, optimal_level=view.optimal_level, reason="deadline: moved to another path"
+        )
+    finish_j = max(now, bu.get(w, now)) + lat_j
+    if first is None or finish_j <= first[0]:
+        return Assignment(
+            level=r.levels[j],
+            worker=w,
+            optimal_level=view.optimal_level,
+            best_effort=True,
+            reason="deadline cannot be met",
+        )
+    _, k, wk = first
+    return Assignment(
+        level=r.levels[k],
+        worker=wk,
+        optimal_level=view.optimal_level,
+        best_effort=True,
+        reason="deadline cannot be met",
+    )
+
+
+def route_heavy_unified(policy: Any, r: UnifiedRouting, request: Request, plan: Plan, view: RouteView) -> Assignment:
+    """A deferral: the pair's heavy level, or ``level=None`` (the light image is returned)."""
+    light = view.deferred_from
+    if light is None and len(plan.cascades) == 1:
+        light = next(iter(plan.cascades))
+    heavy = plan.cascades.get(light) if light is not None else None
+    if heavy is None or heavy not in r.index:
+        return Assignment(level=None, reason="no heavy level for this light level: light image returned")
+    k = r.index[heavy]
+    o = policy.options
+    pool = r.pools(str(request.tier) if o.tiers else None)[k]
+    if not pool:
+        return Assignment(level=None, reason="no heavy worker: light image returned")
+    w = select_worker(pool, view, r.lat[k])
+    if o.admission:
+        slo = request.slo_s if (o.tiers and request.slo_s is not None) else policy.slo_s
+        now = view.now_s
+        if max(now, view.busy_until.get(w, now)) + r.lat[k] > request.arrival_s + slo:
+            return Assignment(level=None, reason="the heavy run would miss the deadline: light image returned")
+    return Assignment(level=heavy, worker=w)

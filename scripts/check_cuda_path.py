@@ -1,0 +1,163 @@
+#!/usr/bin/env python
+"""Check the worker path on a device with the tiny demo models: what an operator runs on a GPU
+machine before trusting it.
+
+    python scripts/check_cuda_path.py --device cuda --dtype float16 --out /tmp/cuda-check
+
+Checks, each printed as ``ok`` or ``FAIL``:
+
+1. **generate**: the tiny SD-XL runs a batch of 2 on the device in the asked dtype (the UNet's
+   parameters really are in that dtype and on that device); latents and images are finite;
+2. **AC capture/resume**: a full N = 8 run capturing the latent after K = 4, then a resume from
+   that latent, gives the same final latent bit for bit, with N − K UNet steps (approximate
+   caching's exactness claim, docs/workers.md);
+3. **cascade**: one-step light model → discriminator (timm's tiny ``test_efficientnet``, random
+   weights, on the device) → heavy model inline: threshold 0 accepts every light image, threshold
+   1 defers every one to the heavy model, and the deferred images are the heavy model's;
+4. **profile measure**: ``argusdiff profile measure`` on ``demo-cpu-cascade`` with this device and
+   dtype writes a profile that ``argusdiff profile show`` loads and ``argusdiff plan`` plans; on
+   CUDA its ``[measured]`` table has the GPU memory per model and the driver.
+
+A JSON report goes to ``--out``/report.json. Exit 0 when every check passes, 1 otherwise. On a
+CPU (``--device cpu``) it exercises the same code without CUDA kernels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def _check_generate(registry, device: str, dtype: str) -> dict:
+    import numpy as np
+    import torch
+
+    from workers.pipelines import generate
+
+    model = registry.load("demo-tiny-sdxl")
+    gen = generate(model, ["a red cube", "a blue sphere"], [1, 2])
+    unet = next(model.pipe.unet.parameters())
+    return {
+        "ok": str(unet.dtype) == f"torch.{dtype}"
+        and unet.device.type == torch.device(device).type
+        and bool(torch.isfinite(gen.latents.float()).all())
+        and len(gen.images) == 2
+        and all(bool(np.isfinite(np.asarray(img, dtype=np.float32)).all()) for img in gen.images),
+        "unet_dtype": str(unet.dtype),
+        "unet_device": str(unet.device),
+        "image_size": list(gen.images[0].size),
+        "denoise_s": round(gen.denoise_s, 4),
+    }
+
+
+def _check_ac(registry) -> dict:
+    import torch
+
+    from workers.pipelines import generate, resume
+
+    model = registry.load("demo-tiny-sdxl")
+    full = generate(model, ["a red cube"], [7], steps=8, capture=(4,), decode_images=False)
+    again = resume(model, ["a red cube"], full.captured[4], 4, [7], steps=8, decode_images=False)
+    same = bool(torch.equal(full.latents, again.latents))
+    diff = float((full.latents.float() - again.latents.float()).abs().max())
+    return {"ok": same and again.unet_calls == full.unet_calls // 2, "bit_exact": same, "max_abs_diff": diff,
+            "unet_calls_full": full.unet_calls, "unet_calls_resume": again.unet_calls}  # fmt: skip
+
+
+def _check_cascade(registry, device: str) -> dict:
+    from classifiers.discriminator import Discriminator
+    from workers.cascade import CascadeExecutor
+    from workers.demo import load_demo_profile
+    from workers.executor import WorkItem
+
+    profile = load_demo_profile("demo-cpu-cascade")
+    light, heavy = profile.level(profile.cascade.light), profile.level(profile.cascade.heavy)
+    judge = Discriminator.new("test_efficientnet", image_size=32, device=device)
+    items = [WorkItem(request_id=f"r{i}", prompt=p, level=light.id, seed=i) for i, p in enumerate(["a cat", "a dog"])]
+    accept = CascadeExecutor(light, heavy, registry, judge=judge, threshold=0.0, inline_heavy=True).run(items)
+    defer = CascadeExecutor(light, heavy, registry, judge=judge, threshold=1.0, inline_heavy=True).run(items)
+    conf = [r.confidence for r in accept + defer]
+    return {
+        "ok": all(r.ok and not r.deferred and r.level == light.id for r in accept)
+        and all(r.ok and r.deferred and r.level == heavy.id for r in defer)
+        and all(c is not None and 0.0 <= c <= 1.0 for c in conf),
+        "accepted_levels": [r.level for r in accept],
+        "deferred_levels": [r.level for r in defer],
+        "confidence": [round(float(c), 4) for c in conf if c is not None],
+    }
+
+
+def _check_measure(out: Path, device: str, dtype: str, models_dir: str) -> dict:
+    import contextlib
+    import io
+
+    from argusdiff.cli import main
+
+    path = out / "measured.toml"
+    argv = ["profile", "measure", "--profile", "demo-cpu-cascade", "--out", str(path), "--device", device,
+            "--dtype", dtype, "--models-dir", models_dir, "--batch-sizes", "1,2,4", "--repeats", "3",
+            "--quiet"]  # fmt: skip
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = main(argv)
+        show = main(["profile", "show", str(path)]) if rc == 0 else None
+        plan = main(["plan", "--profile", str(path), "--gpus", "4", "--load-qpm", "60"]) if rc == 0 else None
+    measured = tomllib.loads(path.read_text())["measured"] if path.is_file() else {}
+    models = measured.get("models", {})
+    memory_key = "gpu_memory_gib" if device.startswith("cuda") else "rss_gib"
+    return {
+        "ok": rc == 0 and show == 0 and plan == 0 and all(memory_key in m for m in models.values()) and bool(models),
+        "exit_codes": {"measure": rc, "show": show, "plan": plan},
+        "profile": str(path),
+        "device": measured.get("device"),
+        "driver": measured.get("driver"),
+        "memory": {name: m.get(memory_key) for name, m in models.items()},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cuda", help="cuda, cuda:1, cpu (default: cuda)")
+    ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16", "float32"))
+    ap.add_argument("--out", default="cuda-check", help="folder for report.json and the measured profile")
+    ap.add_argument("--models-dir", help="where the demo models are built (default: a folder under --out)")
+    args = ap.parse_args(argv)
+    import torch
+
+    from workers.registry import ModelRegistry
+
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("no CUDA device visible to torch: nothing to check (pass --device cpu to run the checks on the CPU)")
+        return 1
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    models_dir = args.models_dir or str(out / "models")
+    registry = ModelRegistry(device=args.device, dtype=args.dtype, models_dir=models_dir, max_loaded=4)
+    report: dict = {"device": args.device, "dtype": args.dtype, "torch": torch.__version__}
+    if args.device.startswith("cuda"):
+        report["gpu"] = torch.cuda.get_device_name(torch.device(args.device).index or 0)
+    checks = {
+        "generate": lambda: _check_generate(registry, args.device, args.dtype),
+        "ac_capture_resume": lambda: _check_ac(registry),
+        "cascade": lambda: _check_cascade(registry, args.device),
+        "profile_measure": lambda: _check_measure(out, args.device, args.dtype, models_dir),
+    }
+    for name, check in checks.items():
+        try:
+            report[name] = check()
+        except Exception as exc:  # a failing check is reported, the others still run
+            report[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        print(f"{'ok  ' if report[name]['ok'] else 'FAIL'} {name}: {json.dumps(report[name])}", flush=True)
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(f"report: {out / 'report.json'}")
+    return 0 if all(report[name]["ok"] for name in checks) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

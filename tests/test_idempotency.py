@@ -1,0 +1,168 @@
+"""``Idempotency-Key`` on both generation endpoints: a retry (same key, same body) through any
+router gets the original generation; a different body is 422; no key behaves as before."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import uuid
+
+import httpx
+import pytest
+from fixtures_service import service_settings
+
+from argusdiff.service.worker import wait_until
+
+NATIVE = "/v1/argusdiff/generations"
+OPENAI = "/v1/images/generations"
+
+
+def _key() -> dict[str, str]:
+    return {"Idempotency-Key": str(uuid.uuid4())}
+
+
+def test_embedded_retry_returns_the_original_generation(live_service):
+    server = live_service(service_settings())
+    router = server.service.router
+    h = _key()
+    first = httpx.post(server.url + NATIVE, json={"prompt": "a fox", "n": 2, "seed": 3}, headers=h, timeout=30)
+    again = httpx.post(server.url + NATIVE, json={"prompt": "a fox", "n": 2, "seed": 3}, headers=h, timeout=30)
+    assert first.status_code == again.status_code == 200
+    assert first.json()["id"] == again.json()["id"]
+    assert [d["b64_json"] for d in first.json()["data"]] == [d["b64_json"] for d in again.json()["data"]]
+    assert router.accepted == 2  # two images, generated once
+    # the same key with another body, or on the other endpoint's scope
+    other = httpx.post(server.url + NATIVE, json={"prompt": "a wolf", "n": 2, "seed": 3}, headers=h, timeout=30)
+    assert other.status_code == 422 and other.json()["error"]["param"] == "Idempotency-Key"
+    body = {"prompt": "a fox", "response_format": "b64_json"}
+    oa = httpx.post(server.url + OPENAI, json=body, headers=h, timeout=30)
+    assert oa.status_code == 200 and router.accepted == 3
+    oa2 = httpx.post(server.url + OPENAI, json=body, headers=h, timeout=30)
+    assert oa2.json() == oa.json() and router.accepted == 3
+    # no key: every request is new
+    for _ in range(2):
+        assert httpx.post(server.url + NATIVE, json={"prompt": "a fox"}, timeout=30).status_code == 200
+    assert router.accepted == 5
+
+
+@pytest.mark.parametrize("bad", ["", "x" * 256, "has space", "caf\u00e9"])
+def test_malformed_key_is_a_400_naming_the_header(live_service, bad):
+    server = live_service(service_settings())
+    r = httpx.post(server.url + NATIVE, json={"prompt": "p"}, headers={"Idempotency-Key": bad.encode("utf-8")})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "Idempotency-Key"
+    assert server.service.router.accepted == 0
+
+
+def test_concurrent_duplicates_generate_once(live_service):
+    server = live_service(service_settings())
+    h = _key()
+
+    async def fire():
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            return await asyncio.gather(
+                *(client.post(NATIVE, json={"prompt": "same", "seed": 1}, headers=h) for _ in range(8))
+            )
+
+    responses = asyncio.run(fire())
+    assert {r.status_code for r in responses} == {200}
+    assert len({r.json()["id"] for r in responses}) == 1
+    assert server.service.router.accepted == 1
+
+
+def test_a_rejected_request_gives_its_key_back(live_service):
+    server = live_service(service_settings())
+    h = _key()
+    r = httpx.post(server.url + NATIVE, json={"prompt": "p", "min_quality_level": "nope"}, headers=h)
+    assert r.status_code == 400  # validation fails before the key is looked at
+    server.service.router.closing = True  # 503 shutting_down: not accepted
+    assert httpx.post(server.url + NATIVE, json={"prompt": "p"}, headers=h).status_code == 503
+    server.service.router.closing = False
+    ok = httpx.post(server.url + NATIVE, json={"prompt": "p"}, headers=h, timeout=30)
+    assert ok.status_code == 200 and server.service.router.accepted == 1
+
+
+@pytest.mark.integration
+def test_retry_through_another_router_gets_the_original(redis_server, live_service, worker_procs):
+    settings = service_settings(redis_url=redis_server.url, workers=0, control_period_s=1.0)
+    a = live_service(settings, ready=False)
+    b = live_service(settings, ready=False)
+    worker_procs(redis_server.url, "w0", scale=0.01)
+    assert wait_until(lambda: all(s.service.ready() for s in (a, b)), 30)
+    h = _key()
+    body = {"prompt": "a harbour at dusk", "n": 2, "wait": False}
+    first = httpx.post(a.url + NATIVE, json=body, headers=h)
+    assert first.status_code == 202
+    gid = first.json()["id"]
+    again = httpx.post(b.url + NATIVE, json=body, headers=h)
+    assert again.status_code == 202 and again.json()["id"] == gid
+    sync = httpx.post(b.url + NATIVE, json={**body, "wait": True}, headers=h, timeout=30)
+    assert sync.status_code == 422  # a different body (wait) under the same key
+    done = httpx.post(b.url + OPENAI, json={"prompt": "a harbour", "response_format": "b64_json"}, headers=h,
+                      timeout=30)  # fmt: skip
+    replay = httpx.post(a.url + OPENAI, json={"prompt": "a harbour", "response_format": "b64_json"}, headers=h,
+                        timeout=30)  # fmt: skip
+    assert done.status_code == replay.status_code == 200
+    assert [base64.b64decode(d["b64_json"]) for d in replay.json()["data"]] == [
+        base64.b64decode(d["b64_json"]) for d in done.json()["data"]
+    ]
+    accepted = a.service.router.accepted + b.service.router.accepted
+    assert accepted == 3  # 2 images + 1 image; every retry was a replay
+    key = next(iter(redis_server_keys(redis_server, "argusdiff:idem:*")))
+    assert 0 < redis_ttl(redis_server, key) <= settings.service.result_ttl_s  # expires with the results
+
+
+def redis_server_keys(server, pattern: str) -> list[bytes]:
+    import redis
+
+    return list(redis.Redis.from_url(server.url).scan_iter(pattern))
+
+
+def redis_ttl(server, key: bytes) -> float:
+    import redis
+
+    return redis.Redis.from_url(server.url).pttl(key) / 1000
+
+
+@pytest.mark.integration
+def test_openai_client_sends_the_key_with_extra_headers(redis_server, live_service, worker_procs):
+    openai = pytest.importorskip("openai")
+    settings = service_settings(redis_url=redis_server.url, workers=0, control_period_s=1.0)
+    server = live_service(settings, ready=False)
+    worker_procs(redis_server.url, "w0", scale=0.01)
+    assert wait_until(server.service.ready, 30)
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+    key = {"Idempotency-Key": str(uuid.uuid4())}
+    one = client.images.generate(prompt="a kite", response_format="b64_json", extra_headers=key)
+    two = client.images.generate(prompt="a kite", response_format="b64_json", extra_headers=key)
+    assert one.data[0].b64_json == two.data[0].b64_json and server.service.router.accepted == 1
+
+
+@pytest.mark.integration
+def test_a_keyed_client_that_goes_away_keeps_its_work_and_its_retry_streams_it(live_service):
+    """Without a key a client that leaves cancels its work (test_service_streaming); with one it
+    said it will retry: the work finishes, and the retried stream gets that image at once."""
+    import json
+    import socket
+
+    openai = pytest.importorskip("openai")
+    server = live_service(service_settings(workers=1, stand_in_scale=0.2))
+    router = server.service.router
+    key = str(uuid.uuid4())
+    body = json.dumps({"prompt": "a slow one", "stream": True, "quality": "high"}).encode()
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    sock.sendall(b"POST /v1/images/generations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Idempotency-Key: %s\r\nContent-Length: %d\r\n\r\n%s" % (key.encode(), len(body), body))  # fmt: skip
+    sock.settimeout(30)
+    seen = b""
+    while b"event: argusdiff.progress" not in seen:
+        chunk = sock.recv(65536)
+        assert chunk, seen
+        seen += chunk
+    sock.close()  # the client leaves mid-stream
+    assert wait_until(lambda: router.completed == 1, 30)
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+    events = list(client.images.generate(prompt="a slow one", stream=True, quality="high",
+                                         extra_headers={"Idempotency-Key": key}))  # fmt: skip
+    done = [e for e in events if e.type == "image_generation.completed"]
+    assert len(done) == 1 and base64.b64decode(done[0].b64_json)[:4] == b"\x89PNG"
+    assert router.accepted == 1  # generated once
