@@ -5,14 +5,19 @@ A policy decides *where* a request goes (level, worker) or drops it. Admission d
 that, whether the request enters the queue at all:
 
 * **Definitely late** (TetriServe's test): the request cannot finish by its deadline at the level
-  it may take, given the backlog there. The estimate is the level's queued work spread over the
-  workers serving it plus the request's own runtime::
+  it may take, given the backlog there. The level's queue is pulled by its workers (FIFO, greedy
+  batches of up to the plan's batch size ``b``), so the level's ``queued`` requests (in service
+  included) spread evenly over its ``workers`` and the request lands behind the least loaded one,
+  which holds ``q = queued // workers``. That worker has a batch of ``min(q, b)`` in service,
+  counted whole (the router does not see batches start, so this is the bound for an in-service
+  batch that just began), then the rest and the request itself in batches of ``b``::
 
-      finish = now + queued / workers × per_item + runtime
-      per_item = latency(b) / b   (b: the plan's batch size for the level, 1 when none)
-      runtime  = latency(1)
+      finish = now + latency(min(q, b)) + (q + 1 − min(q, b)) in batches of b   (q > 0)
+      finish = now + latency(1)                                                 (q = 0: a free worker)
 
-  A request with ``finish > arrival + deadline_factor × SLO`` is refused at once.
+  With the profile's latencies this is the latest the request finishes when nothing else goes
+  wrong (no model load, no overhead). A request with ``finish > arrival + deadline_factor × SLO``
+  is refused at once.
 * **Queue cap**: a level holding ``queue_cap × workers`` requests (queued or in service) refuses
   more, whatever the estimate says (a backstop for an estimate that is off).
 
@@ -120,6 +125,34 @@ def serving_workers(
     return tuple(out)
 
 
+def _finish_after(lat: tuple[float, ...], q: int) -> float:
+    """Seconds until a request placed behind ``q`` requests of one worker finishes: the batch in
+    service (``min(q, b)`` requests) counted whole, then the rest and the request in batches of
+    ``b``; ``lat[k - 1]`` is ``latency(k)``."""
+    b = len(lat)
+    first = min(q, b)
+    full, rest = divmod(q + 1 - first, b)
+    return (lat[first - 1] if first else 0.0) + full * lat[-1] + (lat[rest - 1] if rest else 0.0)
+
+
+def _most_admitted(lat: tuple[float, ...], workers: int, budget: float) -> int:
+    """The largest ``queued`` with ``_finish_after(lat, queued // workers) <= budget`` (−1: none):
+    ``_finish_after`` rises with ``q``, so a doubling then a bisection finds the last ``q`` that fits."""
+    fits = lambda q: _finish_after(lat, q) <= budget + 1e-9  # noqa: E731
+    if not fits(0):
+        return -1
+    hi = 1
+    while fits(hi):
+        if hi > 1 << 40:  # latencies of 0: nothing is ever late
+            return (hi + 1) * workers - 1
+        hi *= 2
+    lo = hi // 2  # fits(lo), not fits(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return (lo + 1) * workers - 1
+
+
 class Admission:
     """Admission for one deployment: ``check`` is called once per request (per image) after the
     policy routed it. Holds nothing per request; caches the serving workers per plan."""
@@ -129,7 +162,7 @@ class Admission:
         self.config = config or AdmissionConfig()
         self._plan: Plan | None = None
         self._serving: dict[str, tuple[str, ...]] = {}
-        self._times: dict[str, tuple[float, float]] = {}  # level -> (per-item time, runtime)
+        self._times: dict[str, tuple[float, ...]] = {}  # level -> latency(1..b) at the workers' speed
 
     @property
     def enabled(self) -> bool:
@@ -168,35 +201,49 @@ class Admission:
         cfg = self.config
         if not cfg.enabled:
             return ADMITTED
-        self._for(plan)
-        times = self._times.get(level_id)
-        if times is None:
-            level = self.levels.get(level_id)
-            if level is None:
-                return ADMITTED
-            b = max(1, int(plan.batch_sizes.get(level_id, 1))) if plan.batch_sizes else 1
-            times = self._times[level_id] = (level.latency(b) / b * cfg.time_scale, level.latency(1) * cfg.time_scale)
-        per_item, runtime = times
+        lat = self._latencies(plan, level_id)
+        if lat is None:
+            return ADMITTED
+        per_item = lat[-1] / len(lat)  # at full batches
         queued = max(0, int(queued))
         if workers <= 0:
             # no worker serves it yet (waits for the next plan): no estimate, the cap of one worker
             if cfg.queue_cap and queued >= cfg.queue_cap:
                 return Decision(False, CAPPED, self._retry(per_item * (queued - cfg.queue_cap + 1)))
             return ADMITTED
-        drain = per_item / workers  # seconds the level takes per queued request
-        finish = now_s + queued * drain + runtime
-        deadline = arrival_s + cfg.deadline_factor * slo_s
-        if finish > deadline + 1e-9:
-            # retry once the backlog has drained to the ``fits`` requests a new one can wait behind
-            budget = cfg.deadline_factor * slo_s - runtime
-            if budget < 0:
+        finish = now_s + _finish_after(lat, queued // workers)
+        if finish > arrival_s + cfg.deadline_factor * slo_s + 1e-9:
+            # retry once the backlog has drained to the most a request arriving then can wait behind
+            fits = _most_admitted(lat, workers, cfg.deadline_factor * slo_s)
+            if fits < 0:
                 return Decision(False, LATE, self._retry(cfg.max_retry_after_s), finish)
-            fits = math.floor(budget / drain + 1e-9)  # queued requests that still leave room
-            return Decision(False, LATE, self._retry((queued - fits) * drain), finish)
+            return Decision(False, LATE, self._retry((queued - fits) * per_item / workers), finish)
         cap = cfg.queue_cap * workers
         if cfg.queue_cap and queued >= cap:
-            return Decision(False, CAPPED, self._retry((queued - cap + 1) * drain), finish)
+            return Decision(False, CAPPED, self._retry((queued - cap + 1) * per_item / workers), finish)
         return Decision(True, ADMIT_REASON, 0.0, finish)
+
+    def most_admitted(self, level_id: str, *, plan: Plan, workers: int, slo_s: float) -> int:
+        """The largest backlog (``queued``) of ``level_id`` served by ``workers`` at which a request
+        arriving now with ``slo_s`` passes the deadline test (−1: none does, the level is too slow
+        for the SLO). Monitoring and tests read the bound here; :meth:`check` applies it."""
+        lat = self._latencies(plan, level_id)
+        if lat is None or workers <= 0:
+            return -1
+        return _most_admitted(lat, workers, self.config.deadline_factor * slo_s)
+
+    def _latencies(self, plan: Plan, level_id: str) -> tuple[float, ...] | None:
+        """``latency(1..b)`` of the level at the workers' speed (``b``: the plan's batch size);
+        None for a level the profile does not know."""
+        self._for(plan)
+        lat = self._times.get(level_id)
+        if lat is None:
+            level = self.levels.get(level_id)
+            if level is None:
+                return None
+            b = max(1, int(plan.batch_sizes.get(level_id, 1))) if plan.batch_sizes else 1
+            lat = self._times[level_id] = tuple(level.latency(k) * self.config.time_scale for k in range(1, b + 1))
+        return lat
 
     def _retry(self, seconds: float) -> float:
         return min(self.config.max_retry_after_s, max(1.0, math.ceil(max(0.0, seconds))))

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import math
 import os
 import platform
 import statistics
@@ -110,14 +109,10 @@ async def _run(args, admission: bool) -> dict:
                 plan = router.plan
                 if plan is not None:
                     for lv, q in list(router.level_load.items()):
-                        level = router.level(lv)
                         w = len(adm.workers(plan, lv, router.up or None))
                         if not w:
                             continue
-                        b = max(1, int(plan.batch_sizes.get(lv, 1))) if plan.batch_sizes else 1
-                        drain = level.latency(b) / b / w
-                        budget = adm.config.deadline_factor * slo - level.latency(1)
-                        fits = math.floor(budget / drain + 1e-9) + 1  # admitted at most
+                        fits = adm.most_admitted(lv, plan=plan, workers=w, slo_s=slo) + 1  # held at most
                         most, bound = peak.get(lv, (0, 0))
                         peak[lv] = (max(most, q), max(bound, fits))
                         if q >= fits and not passed_at:  # the next request would be late

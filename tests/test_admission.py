@@ -43,12 +43,14 @@ def test_definitely_late_refuses_with_a_retry_after_from_the_backlog(sm):
     plan = _plan(sm, {"w0": "sd-xl", "w1": "sd-xl", "w2": "tiny-sd"})
     slo = 12.6  # 3 x 4.2 s
     kw = dict(plan=plan, workers=2, now_s=100.0, arrival_s=100.0, slo_s=slo)
-    # sd-xl, 2 workers: finish = q/2 x 4.2 + 4.2 <= 12.6 -> q <= 4
-    assert all(adm.check("sd-xl", queued=q, **kw).admitted for q in range(5))
-    refused = [adm.check("sd-xl", queued=q, **kw) for q in range(5, 40)]
+    # sd-xl, 2 workers: the request waits behind q // 2 on the least loaded worker, the one in
+    # service counted whole: finish = (q // 2 + 1) x 4.2 <= 12.6 -> q <= 5
+    assert all(adm.check("sd-xl", queued=q, **kw).admitted for q in range(6))
+    assert adm.most_admitted("sd-xl", plan=plan, workers=2, slo_s=slo) == 5
+    refused = [adm.check("sd-xl", queued=q, **kw) for q in range(6, 40)]
     assert not any(d.admitted for d in refused) and {d.reason for d in refused} == {"definitely late"}
     retry = [d.retry_after_s for d in refused]
-    # the seconds until the backlog is back to 4: (q - 4) x 2.1 s, whole seconds, capped at 60
+    # the seconds until the backlog is back to 5: (q - 5) x 2.1 s, whole seconds, capped at 60
     assert retry[0] == 3 and retry == sorted(retry) and len(set(retry)) > 10 and max(retry) == 60
     # a request that waited before it was routed (a redispatch) has less of its SLO left
     assert not adm.check("sd-xl", queued=4, **{**kw, "arrival_s": 99.0}).admitted
@@ -63,9 +65,11 @@ def test_definitely_late_refuses_with_a_retry_after_from_the_backlog(sm):
     assert (
         Admission(levels, AdmissionConfig(deadline_factor=1.0, time_scale=0.5)).check("sd-xl", queued=10, **kw).admitted
     )
-    # the default leaves headroom: definitely late at 0.8 x SLO (q/2 x 4.2 + 4.2 <= 10.08 -> q <= 2)
-    assert Admission(levels).check("sd-xl", queued=2, **kw).admitted
-    assert not Admission(levels).check("sd-xl", queued=3, **kw).admitted
+    # the default leaves headroom: definitely late at 0.8 x SLO ((q // 2 + 1) x 4.2 <= 10.08 -> q <= 3)
+    assert Admission(levels).check("sd-xl", queued=3, **kw).admitted
+    assert not Admission(levels).check("sd-xl", queued=4, **kw).admitted
+    # a level too slow for the SLO admits nothing
+    assert Admission(levels).most_admitted("sd-xl", plan=plan, workers=2, slo_s=4.0) == -1
 
 
 def test_queue_cap_backs_up_the_estimate(sm):
@@ -94,7 +98,11 @@ def test_batch_size_sets_the_drain_rate():
     # one at a time: 0.3643 s each -> 4 queued + own run = 1.82 s; batches of 4: 1.035 / 4 each
     assert adm.check("xl-k0", queued=4, plan=single, **kw).admitted
     assert not adm.check("xl-k0", queued=5, plan=single, **kw).admitted
+    # batches of 4: the batch in service (min(q, 4), counted whole), then the rest and the request
+    # in batches of 4: q = 6 -> latency(4) + latency(3) = 1.85 s; q = 7 -> 2 x latency(4) = 2.07 s
     assert adm.check("xl-k0", queued=6, plan=batched, **kw).admitted
+    assert not adm.check("xl-k0", queued=7, plan=batched, **kw).admitted
+    assert adm.most_admitted("xl-k0", plan=batched, workers=1, slo_s=2.0) == 6
 
 
 def test_serving_workers_includes_ac_siblings_without_workers():

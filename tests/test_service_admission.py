@@ -88,12 +88,11 @@ def test_overload_at_twice_capacity_refuses_the_excess_and_recovers(live_service
     server = live_service(_settings("sm-a100", "argus", scale))
     router = server.service.router
     adm = router.admission.config
-    # the most a level may hold: admitted while queued x per-item / workers + runtime <= SLO
+    # the most a level may hold (at most 2 workers, one at a time): a request is admitted behind
+    # q on the least loaded worker while (q // 2 + 1) x latency <= deadline_factor x SLO, so the
+    # level holds at most 2 x floor(budget / latency) with the last one admitted
     budget = adm.deadline_factor * slo
-    bound = {
-        lv.id: math.floor((budget - lv.latency(1) * scale) / (lv.latency(1) * scale) * 2 + 1e-9) + 1
-        for lv in profile.levels
-    }
+    bound = {lv.id: 2 * math.floor(budget / (lv.latency(1) * scale) + 1e-9) for lv in profile.levels}
     peak: dict[str, int] = {}
     stop = threading.Event()
 
