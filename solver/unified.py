@@ -21,6 +21,13 @@ pool (a model)::
 * v_g(z, k): the tier's weight times the expected in-SLO value of one request: each outcome (hit /
   miss, kept / deferred) with its probability counts (goodput_weight + quality) when its latency
   meets the tier's deadline and 0 otherwise.
+* The LP's objective adds tie-breaks to v (:meth:`_Model.cost`), the first of them
+  ``TIE_BREAK`` × the path's quality averaged over classes: per-class quality ties between levels
+  (ARGUS's class model: a prompt keeps full quality at any level at least as good as its optimal
+  one), so with capacity to spare the plan would be indifferent between SD-XL and a light model
+  for a class whose optimal level is light; the tie-break sends such traffic to the level that is
+  better for the average prompt (the class prediction is wrong for some prompts). The reported
+  objective is Σ v·x without tie-breaks.
 
 Two formulations reach the same optimum (tests/test_unified.py):
 
@@ -70,6 +77,10 @@ NEGLIGIBLE_QPM = 1e-3  # below this (one request in ~17 hours) no demand is pred
 EXACT_NODE_LIMIT = 20_000
 DEFAULT_GAP = 1e-4  # relative: HiGHS's mip_rel_gap and Gurobi's MIPGap default
 COLGEN_START = 4
+#: weight (× the largest value of one request) of the tie-break toward the path that is better for
+#: the average prompt: 10× the solvers' relative gap (DEFAULT_GAP), so a solve respects it, and far
+#: below the quality steps between a profile's levels (>= 0.01), so it decides only between ties
+TIE_BREAK = 1e-3
 SWITCH_ABS_TOL = 1.0  # switch-cost units (one moved worker): below this, plans are not told apart
 
 
@@ -220,9 +231,15 @@ def _rows(table: tuple[tuple[float, ...], ...], C: int, K: int, default: np.ndar
 
 
 @functools.lru_cache(maxsize=512)
-def _compile_group(path: ServingPath, tiers: tuple[tuple[float, float], ...], G: float, C: int) -> _Group:
-    """Usage, value and quality of every variant of ``path``; dominated variants dropped. Cached:
-    the path data and tiers repeat from one control period to the next."""
+def _compile_group(
+    path: ServingPath, tiers: tuple[tuple[float, float], ...], G: float, C: int, heavy_direct: bool = False
+) -> _Group:
+    """Usage, value and quality of every variant of ``path``; dominated variants dropped. With
+    ``heavy_direct`` (the cascade's heavy level is also a direct path), a threshold that defers
+    every request is dropped too: the direct heavy path serves the same images with less work and
+    less latency, a domination across groups the per-group test cannot see (and that tie-breaks
+    below the solvers' gap would not settle). Cached: the path data and tiers repeat from one
+    control period to the next."""
     st = path.stage
     qs = np.asarray(st.quality, dtype=np.float64)
     dl = np.array([d for d, _ in tiers])[:, None, None]  # T x 1 x 1
@@ -272,6 +289,9 @@ def _compile_group(path: ServingPath, tiers: tuple[tuple[float, float], ...], G:
         val += wt * ok * (prob * (G + q))[None]
         qual += prob * q
     keep = _undominated(use, val) if K > 1 else np.array([0])
+    if heavy_direct:
+        partial = keep[np.any(defer[:, keep] < 1.0 - EPS, axis=0)]
+        keep = partial if partial.size else keep
     sel = lambda a: a[..., keep]  # noqa: E731
     return _Group(
         path=path,
@@ -327,6 +347,7 @@ class _Model:
     use: np.ndarray = field(init=False)  # Z x G x M x Vmax usage (padded)
     val: np.ndarray = field(init=False)  # Z x G x Vmax
     qual: np.ndarray = field(init=False)
+    prior: np.ndarray = field(init=False)  # Z x G x Vmax: the variant's quality averaged over classes
 
     def __post_init__(self) -> None:
         Z, G, M = len(self.Z), len(self.groups), len(self.pools)
@@ -334,6 +355,7 @@ class _Model:
         self.use = np.zeros((Z, G, M, Vm))
         self.val = np.zeros((Z, G, Vm))
         self.qual = np.zeros((Z, G, Vm))
+        self.prior = np.zeros((Z, G, Vm))
         ti = np.array([t for t, _ in self.Z], dtype=np.int64)
         ci = np.array([c for _, c in self.Z], dtype=np.int64)
         for gi, g in enumerate(self.groups):
@@ -341,6 +363,7 @@ class _Model:
                 self.use[:, gi, self.pidx[pool], : g.V] = u[ci]
             self.val[:, gi, : g.V] = g.val[ti, ci]
             self.qual[:, gi, : g.V] = g.qual[ci]
+            self.prior[:, gi, : g.V] = g.qual.mean(axis=0)[None, :]
             if Vm > g.V:  # padding never chosen
                 self.use[:, gi, :, g.V :] = np.inf
         vs = float(np.max(np.abs(self.val))) if self.val.size else 1.0
@@ -348,16 +371,20 @@ class _Model:
         finite = self.use[np.isfinite(self.use)]
         self.uscale = max(float(finite.max()) if finite.size else 1.0, 1e-12)
 
-    def cost(self, vals: np.ndarray, qual: np.ndarray, use_total: np.ndarray) -> np.ndarray:
-        """LP cost of x[z, g]: its value plus tie-breaks far below any value difference (prefer higher
-        quality, then less work)."""
-        return vals + 1e-7 * self.vscale * qual - 1e-8 * self.vscale * use_total / self.uscale
+    def cost(self, vals: np.ndarray, qual: np.ndarray, prior: np.ndarray, use_total: np.ndarray) -> np.ndarray:
+        """LP cost of x[z, g]: its value plus tie-breaks below any value difference (prefer the path
+        better for the average prompt, then higher quality for the class, then less work)."""
+        return vals + self.vscale * (TIE_BREAK * prior + 1e-7 * qual - 1e-8 * use_total / self.uscale)
 
 
 def _compile(problem: UnifiedProblem) -> tuple[list[_Group], list[str], dict[str, int]]:
     C = len(problem.classes)
     tiers = tuple((t.deadline_s, t.weight) for t in problem.tiers)
-    groups = [_compile_group(p, tiers, float(problem.goodput_weight), C) for p in problem.paths]
+    direct = {p.stage.level for p in problem.paths if not p.is_cascade and p.miss is None}
+    groups = [
+        _compile_group(p, tiers, float(problem.goodput_weight), C, p.is_cascade and p.heavy.level in direct)
+        for p in problem.paths
+    ]
     pools = [p.id for p in problem.pools]
     return groups, pools, {p: i for i, p in enumerate(pools)}
 
@@ -637,7 +664,7 @@ def _xdata(m: _Model, gk_g: np.ndarray, gk_k: np.ndarray) -> tuple[np.ndarray, n
     """Usage (Z x Kt x M), value (Z x Kt) and LP cost (Z x Kt) of every (z, group, variant)."""
     U = np.transpose(m.use[:, gk_g, :, gk_k], (1, 0, 2))
     Vx = m.val[:, gk_g, gk_k]
-    cost = m.cost(Vx, m.qual[:, gk_g, gk_k], U.sum(axis=2))
+    cost = m.cost(Vx, m.qual[:, gk_g, gk_k], m.prior[:, gk_g, gk_k], U.sum(axis=2))
     return U, Vx, cost
 
 
@@ -787,7 +814,8 @@ def _build(
 
 def _dominated(m: _Model, direct: Sequence[int]) -> np.ndarray:
     """Z x len(direct): direct paths another direct path beats for that class on the same pool: no
-    more usage, no less value and quality (of equals, the later one). Such a column is never
+    more usage, no less value, quality and quality for the average prompt (the tie-break; of equals,
+    the later one). Such a column is never
     needed: swapping its flow to the other frees capacity and loses nothing."""
     Z = len(m.Z)
     out = np.zeros((Z, len(direct)), dtype=bool)
@@ -797,11 +825,16 @@ def _dominated(m: _Model, direct: Sequence[int]) -> np.ndarray:
             if i == j or pools[i] != pools[j]:
                 continue
             no_more = np.all(m.use[:, gj, :, 0] <= m.use[:, gi, :, 0] + 1e-12, axis=1)
-            no_less = (m.val[:, gj, 0] >= m.val[:, gi, 0] - 1e-12) & (m.qual[:, gj, 0] >= m.qual[:, gi, 0] - 1e-12)
+            no_less = (
+                (m.val[:, gj, 0] >= m.val[:, gi, 0] - 1e-12)
+                & (m.qual[:, gj, 0] >= m.qual[:, gi, 0] - 1e-12)
+                & (m.prior[:, gj, 0] >= m.prior[:, gi, 0] - 1e-12)
+            )
             same = (
                 np.all(np.abs(m.use[:, gj, :, 0] - m.use[:, gi, :, 0]) <= 1e-12, axis=1)
                 & (np.abs(m.val[:, gj, 0] - m.val[:, gi, 0]) <= 1e-12)
                 & (np.abs(m.qual[:, gj, 0] - m.qual[:, gi, 0]) <= 1e-12)
+                & (np.abs(m.prior[:, gj, 0] - m.prior[:, gi, 0]) <= 1e-12)
             )
             out[:, i] |= no_more & no_less & (~same | (j < i))
     return out

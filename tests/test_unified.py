@@ -536,3 +536,30 @@ def test_gurobi_and_highs_agree_on_the_worked_example(caplog):
     a = plan_unified(p, formulation="milp", backend="gurobi")
     b = plan_unified(p, formulation="milp", backend="highs")
     assert a.objective == pytest.approx(b.objective, abs=1e-6)
+
+
+@pytest.mark.parametrize("formulation", ["exact", "milp"])
+def test_spare_capacity_goes_to_the_best_level(formulation):
+    """ARGUS's class model ties every level at least as good as a class's optimal one; with capacity
+    to spare (61 QPM on 8 A100s, SD-XL alone carries 114) the plan breaks the tie toward the level
+    better for the average prompt: every class whose SD-XL run fits goes to SD-XL K = 0, and no
+    cascade threshold that defers everything (the direct SD-XL path does that with less work)."""
+    from argusdiff.profile import load_profile
+    from solver.paths import problem_from_profile, ranked_deferral
+
+    profile = load_profile("unified-a100")
+    specs = list(profile.cascade_specs)
+    problem = problem_from_profile(profile, 8, 61.0, cascades=specs, cascade_tables=ranked_deferral(profile, specs))
+    plan = plan_unified(problem, formulation=formulation)
+    served = {}
+    for (_tier, _c), paths in plan.routing.items():
+        for path, qpm in paths.items():
+            served[path] = served.get(path, 0.0) + qpm
+    assert served.get("sdxl-k0", 0.0) >= 0.7 * 61.0, served
+    ac_below = {p.id for p in problem.paths if p.id.startswith("sdxl-k") and p.id != "sdxl-k0"}
+    assert not any(served.get(p, 0.0) > 1e-6 for p in ac_below), served
+    for light, t in plan.thresholds.items():
+        path = next(p for p in problem.paths if p.id == light)
+        k = path.thresholds.index(t) if path.thresholds else 0
+        if served.get(light, 0.0) > 1e-6 and path.deferral:
+            assert min(row[k] for row in path.deferral) < 1.0, (light, t)
