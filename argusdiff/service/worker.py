@@ -27,8 +27,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from workers.executor import LevelExecutor
 from workers.loop import Worker
+from workers.messages import LevelExecutor
 from workers.progress import events_to
 
 __all__ = ["ServiceWorker", "wait_until"]
