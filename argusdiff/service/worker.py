@@ -35,7 +35,7 @@ __all__ = ["ServiceWorker", "wait_until"]
 
 log = logging.getLogger("argusdiff.worker")
 
-ExecutorFactory = Callable[[str], LevelExecutor]
+LevelFactory = Callable[[str], LevelExecutor]  # e.g. workers.executor.ExecutorFactory
 
 
 class ServiceWorker:
@@ -44,7 +44,7 @@ class ServiceWorker:
         worker_id: str,
         queue: Any,
         store: Any,
-        executor_factory: ExecutorFactory,
+        executor_factory: LevelFactory,
         *,
         heartbeat_s: float = 1.0,
         ttl_s: float = 5.0,
