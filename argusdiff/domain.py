@@ -26,6 +26,7 @@ __all__ = [
     "Request",
     "Strategy",
     "Tier",
+    "level_catalogue",
 ]
 
 
@@ -253,6 +254,18 @@ class Profile:
 
     def peak_qpms(self) -> tuple[float, ...]:
         return tuple(level.peak_qpm for level in self.levels)
+
+
+def level_catalogue(*profiles: Profile | None) -> dict[str, ApproxLevel]:
+    """Every level a deployment can run, by id: the levels of its profile, then those of its
+    fallback profile (and of any further profile given) that the ones before do not list. The
+    router, the simulator, the executor factory and the control loop all read this one table."""
+    levels: dict[str, ApproxLevel] = {}
+    for profile in profiles:
+        if profile is not None:
+            for lv in profile.levels:
+                levels.setdefault(lv.id, lv)
+    return levels
 
 
 @dataclass(frozen=True, slots=True)

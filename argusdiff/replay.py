@@ -39,8 +39,9 @@ from typing import Any
 
 import numpy as np
 
-from argusdiff.domain import CascadeSpec, Profile, Strategy
+from argusdiff.domain import Profile, Strategy
 from argusdiff.errors import ConfigError
+from traces.synthetic import synthetic_confidence as _cascade_confidence
 
 __all__ = [
     "DEFAULT_POLICIES",
@@ -203,26 +204,6 @@ def _prompt_set(spec: ReplaySpec):
     if spec.prompts is None:
         return builtin_prompts()
     return load_prompts(spec.prompts)
-
-
-def _cascade_confidence(table, profile: Profile, rng_seed: int, spec: CascadeSpec | None = None) -> np.ndarray:
-    """Synthetic discriminator confidences consistent with a pair's f(t) (``spec``, default the
-    profile's ``[cascade]``): a prompt whose light image is relatively worse gets a lower
-    confidence, and P(confidence < t) = f(t)."""
-    c = spec if spec is not None else profile.cascade
-    light = table.level_index(c.light)
-    heavy = table.level_index(c.heavy)
-    rel = table.scores[:, light] / np.maximum(table.scores[:, heavy], 1e-9)
-    n = len(rel)
-    rng = np.random.default_rng([rng_seed, 31])
-    order = np.lexsort((rng.random(n), rel))
-    u = np.empty(n)
-    u[order] = (np.arange(n) + 0.5) / n
-    ts = np.asarray(c.thresholds)
-    fs = np.asarray(c.deferral)
-    # invert f: the smallest t with f(t) >= u (f is non-decreasing)
-    fs_strict = fs + np.arange(len(fs)) * 1e-12
-    return np.interp(u, fs_strict, ts)
 
 
 def prepare(spec: ReplaySpec, *, log: Callable[[str], None] | None = None):

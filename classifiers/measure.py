@@ -44,13 +44,13 @@ def measure_quality_table(
     so ``ac`` levels are measured as they serve; otherwise they are refused (module doc).
 
     ``executor_for(level_id)`` returns a ``workers`` ``LevelExecutor`` (e.g.
-    ``workers.executor.executor_factory(profile, registry)``); ``scorer.score(prompts, images)``
+    ``workers.executor.ExecutorFactory(profile, registry)``); ``scorer.score(prompts, images)``
     returns one score per image (``classifiers.scorers``).
     """
     from PIL import Image
     from tqdm.auto import tqdm
 
-    from workers.executor import WorkItem
+    from workers.messages import WorkItem
 
     texts = list(getattr(prompts, "prompts", prompts))
     ids = tuple(getattr(prompts, "ids", ())) or tuple(f"p{i}" for i in range(len(texts)))
@@ -115,7 +115,7 @@ def generate_images(
     from PIL import Image
     from tqdm.auto import tqdm
 
-    from workers.executor import WorkItem
+    from workers.messages import WorkItem
 
     texts = list(getattr(prompts, "prompts", prompts))
     if not texts:

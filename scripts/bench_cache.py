@@ -239,7 +239,7 @@ def bench_unet(prompts_n: int) -> tuple[list[dict], str | None]:
         from argusdiff.profile import load_profile
         from cache.latent_cache import LatentCache
         from workers.ac import ApproxCacheExecutor, ac_capture_ks
-        from workers.executor import WorkItem
+        from workers.messages import WorkItem
         from workers.registry import ModelRegistry
 
         try:

@@ -79,13 +79,14 @@ def bench_cascade(registry, repeats: int) -> None:
 
 def bench_loop(registry, n_requests: int) -> None:
     from argusdiff.profile import load_profile
-    from workers.executor import WorkItem, executor_factory
+    from workers.executor import ExecutorFactory
     from workers.loop import Worker
+    from workers.messages import WorkItem
     from workers.queue import InProcessWorkQueue
 
     print(f"\n## Worker loop: {n_requests} requests at xl-k0 through the in-process queue")
     profile = load_profile("demo-cpu")
-    factory = executor_factory(profile, registry)
+    factory = ExecutorFactory(profile, registry)
     base = None
     for batch in (1, 4):
         q = InProcessWorkQueue()

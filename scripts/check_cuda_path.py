@@ -74,7 +74,7 @@ def _check_cascade(registry, device: str) -> dict:
     from classifiers.discriminator import Discriminator
     from workers.cascade import CascadeExecutor
     from workers.demo import load_demo_profile
-    from workers.executor import WorkItem
+    from workers.messages import WorkItem
 
     profile = load_demo_profile("demo-cpu-cascade")
     light, heavy = profile.level(profile.cascade.light), profile.level(profile.cascade.heavy)

@@ -25,7 +25,7 @@ On top of the optimum:
   search found or else the maximum-throughput plan (always a valid plan, with a note).
 * **Switch cost**: with the current assignment, among plans within ``switch_tolerance``
   (relative) of the best quality the one that moves the fewest workers, weighted by model load
-  time (:func:`solver.exact.switch_cost`), is chosen; ``moved_workers`` reports the moves.
+  time (:func:`solver.model.switch_cost`), is chosen; ``moved_workers`` reports the moves.
 * **Failures**: ``current`` may name workers that are gone; only the workers passed in are
   planned for, keeping as many of them as possible where they are.
 """
@@ -43,9 +43,10 @@ import numpy as np
 from argusdiff.domain import ApproxLevel
 from argusdiff.errors import ConfigError
 from solver.backends import check_backend, solve_milp
-from solver.exact import EPS, ExactSolver, LevelData, NodeLimit, greedy_loads, switch_cost
+from solver.exact import ExactSolver, NodeLimit
+from solver.model import EPS, LevelData, greedy_loads, level_data, switch_cost
 
-__all__ = ["FORMULATIONS", "Allocation", "allocate", "level_data", "worker_ids"]
+__all__ = ["FORMULATIONS", "Allocation", "allocate", "worker_ids"]
 
 FORMULATIONS = ("paper", "aggregated", "exact")
 
@@ -92,15 +93,6 @@ class Allocation:
             "formulation": self.formulation,
             "notes": list(self.notes),
         }
-
-
-def level_data(levels: Sequence[ApproxLevel]) -> LevelData:
-    return LevelData(
-        quality=tuple(float(lv.quality) for lv in levels),
-        peak=tuple(float(lv.peak_qpm) for lv in levels),
-        load_time=tuple(float(lv.load_time_s) for lv in levels),
-        model=tuple(lv.model for lv in levels),
-    )
 
 
 def worker_ids(workers: int | Sequence[str]) -> list[str]:
@@ -417,100 +409,27 @@ def allocate(
             cur_counts[v] += 1
 
     # Saturation: the most any plan can serve is every worker at the fastest level.
-    p_max = max(data.peak)
-    max_cap = W * p_max
+    max_cap = W * max(data.peak)
     want = demand_qpm * margin
     saturated = demand_qpm > max_cap + EPS
     shortfall = max(0.0, demand_qpm - max_cap)
     if W == 0:
-        return _result(
-            levels,
-            ids,
-            data,
-            [0] * L,
-            {},
-            demand_qpm,
-            0.0,
-            demand_qpm > 0,
-            shortfall,
-            cur_counts,
-            t0,
-            "none",
-            formulation,
-            [*notes, "no workers: nothing can be served"],
-        )
-    if want > max_cap + EPS:
+        notes.append("no workers: nothing can be served")
+        counts, planned, used_backend, saturated = [0] * L, 0.0, "none", demand_qpm > 0
+    elif want > max_cap + EPS:
         if not saturated:
             notes.append(f"margin {margin:g} cannot be met: planning for the maximum capacity {max_cap:.1f} QPM")
         else:
             notes.append(f"saturated: demand {demand_qpm:.1f} QPM exceeds the maximum capacity {max_cap:.1f} QPM")
         # maximum-throughput plan: every worker at the fastest level (best quality among ties)
-        counts = _throughput_counts(data, W)
-        return _result(
-            levels,
-            ids,
-            data,
-            counts,
-            current_idx,
-            demand_qpm,
-            min(want, max_cap),
-            saturated,
-            shortfall,
-            cur_counts,
-            t0,
-            "exact",
-            formulation,
-            notes,
+        counts, planned, used_backend = _throughput_counts(data, W), min(want, max_cap), "exact"
+    else:
+        planned, saturated, shortfall = want, False, 0.0
+        counts, used_backend = _solve(
+            formulation, data, ids, W, want, cur_counts, current_idx, switch_tolerance, notes, backend, time_limit_s
         )
-
-    D = want
-    counts: list[int] | None = None
-    used_backend = "exact"
-    if formulation == "exact" or D <= EPS:
-        counts, used_backend = _solve_exact(
-            data, W, D, cur_counts, current_idx, switch_tolerance, notes, backend, time_limit_s
-        )
-    elif formulation == "aggregated":
-        got, res = _milp_aggregated(data, W, D, backend, time_limit_s)
-        if got is not None and current_idx and switch_tolerance >= 0:
-            _, best_val = greedy_loads(data, _fill(data, got, W), D)
-            thr = best_val - switch_tolerance * abs(best_val)
-            got2, res2 = _milp_aggregated(data, W, D, backend, time_limit_s, cur=cur_counts, threshold=thr)
-            if got2 is not None:
-                got, res = got2, res2
-        if got is None:
-            notes.append(f"{res.backend} returned {res.status} ({res.message}); answered by the exact solver")
-            counts, used_backend = _solve_exact(
-                data, W, D, cur_counts, current_idx, switch_tolerance, notes, backend, time_limit_s
-            )
-        else:
-            filled = _fill_switch(data, got, W, cur_counts) if current_idx else _canonical(data, got, W, D)
-            counts, used_backend = filled, res.backend
-            if res.status == "time_limit":
-                notes.append(f"{res.backend} hit the {time_limit_s:g} s time limit; best plan found")
-    else:  # paper
-        got, res = _milp_paper(data, W, D, backend, time_limit_s)
-        if got is not None and current_idx:
-            cnt = [sum(1 for v in got if v == i) for i in range(L)]
-            _, best_val = greedy_loads(data, cnt, D)
-            thr = best_val - switch_tolerance * abs(best_val)
-            cur_level = [current_idx.get(w) for w in ids]
-            got2, res2 = _milp_paper(data, W, D, backend, time_limit_s, cur_level=cur_level, threshold=thr)
-            if got2 is not None:
-                got, res = got2, res2
-        if got is None:
-            notes.append(f"{res.backend} returned {res.status} ({res.message}); answered by the exact solver")
-            counts, used_backend = _solve_exact(
-                data, W, D, cur_counts, current_idx, switch_tolerance, notes, backend, time_limit_s
-            )
-        else:
-            cnt = [sum(1 for v in got if v == i) for i in range(L)]
-            counts = _fill(data, cnt, W) if current_idx else _canonical(data, cnt, W, D)
-            used_backend = res.backend
-            if res.status == "time_limit":
-                notes.append(f"{res.backend} hit the {time_limit_s:g} s time limit; best plan found")
-    if used_backend != "fallback":  # the maximum-throughput fallback stays as it is
-        counts = _reclaim_idle(data, counts, D, cur_counts, spare)
+        if used_backend != "fallback":  # the maximum-throughput fallback stays as it is
+            counts = _reclaim_idle(data, counts, want, cur_counts, spare)
     return _result(
         levels,
         ids,
@@ -518,15 +437,66 @@ def allocate(
         counts,
         current_idx,
         demand_qpm,
-        D,
-        False,
-        0.0,
+        planned,
+        saturated,
+        shortfall,
         cur_counts,
         t0,
         used_backend,
         formulation,
         notes,
     )
+
+
+def _solve(
+    formulation: str,
+    data: LevelData,
+    ids: Sequence[str],
+    W: int,
+    D: float,
+    cur_counts: Sequence[int],
+    current_idx: Mapping[str, int | None],
+    switch_tolerance: float,
+    notes: list[str],
+    backend: str,
+    time_limit_s: float,
+) -> tuple[list[int], str]:
+    """(counts, backend) of the formulation for ``W`` workers and load ``D`` (not saturated).
+
+    The MILP formulations solve for the best quality, then (with a current plan) for the least
+    switch cost within ``switch_tolerance`` of it; when a MILP fails the exact search answers."""
+    if formulation == "exact" or D <= EPS:
+        return _solve_exact(data, W, D, cur_counts, current_idx, switch_tolerance, notes, backend, time_limit_s)
+    L = len(data)
+    if formulation == "aggregated":
+        got, res = _milp_aggregated(data, W, D, backend, time_limit_s)
+        counts = got
+    else:  # paper: per-worker levels
+        got, res = _milp_paper(data, W, D, backend, time_limit_s)
+        counts = None if got is None else [sum(1 for v in got if v == i) for i in range(L)]
+    if counts is not None and current_idx and (formulation == "paper" or switch_tolerance >= 0):
+        best = _fill(data, counts, W) if formulation == "aggregated" else counts
+        _, best_val = greedy_loads(data, best, D)
+        thr = best_val - switch_tolerance * abs(best_val)
+        if formulation == "aggregated":
+            got2, res2 = _milp_aggregated(data, W, D, backend, time_limit_s, cur=cur_counts, threshold=thr)
+            counts2 = got2
+        else:
+            cur_level = [current_idx.get(w) for w in ids]
+            got2, res2 = _milp_paper(data, W, D, backend, time_limit_s, cur_level=cur_level, threshold=thr)
+            counts2 = None if got2 is None else [sum(1 for v in got2 if v == i) for i in range(L)]
+        if counts2 is not None:
+            counts, res = counts2, res2
+    if counts is None:
+        notes.append(f"{res.backend} returned {res.status} ({res.message}); answered by the exact solver")
+        return _solve_exact(data, W, D, cur_counts, current_idx, switch_tolerance, notes, backend, time_limit_s)
+    if res.status == "time_limit":
+        notes.append(f"{res.backend} hit the {time_limit_s:g} s time limit; best plan found")
+    if not current_idx:
+        return _canonical(data, counts, W, D), res.backend
+    if formulation == "aggregated":
+        return _fill_switch(data, counts, W, cur_counts), res.backend
+    return _fill(data, counts, W), res.backend
 
 
 def _best_level(data: LevelData) -> int:

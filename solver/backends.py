@@ -152,12 +152,23 @@ def solve_milp(
     backend: str = "auto",
     time_limit_s: float = 5.0,
     presolve: bool = True,
+    retry_without_presolve: bool = False,
 ) -> SolveResult:
     """Solve one MILP (or LP when no column is integral) on the chosen backend.
 
     ``presolve=False`` turns HiGHS' presolve off (it can misjudge LPs whose data spans many
-    orders of magnitude as infeasible).
+    orders of magnitude as infeasible); ``retry_without_presolve=True`` solves once more on HiGHS
+    with presolve off when the first solve finds no solution (for problems known to be feasible).
     """
+    res = _solve_once(c, A, row_lo, row_hi, col_lo, col_hi, integrality, sense, backend, time_limit_s, presolve)
+    if not res.ok and retry_without_presolve and presolve:
+        res = _solve_once(c, A, row_lo, row_hi, col_lo, col_hi, integrality, sense, "highs", time_limit_s, False)
+    return res
+
+
+def _solve_once(
+    c, A, row_lo, row_hi, col_lo, col_hi, integrality, sense, backend: str, time_limit_s: float, presolve: bool
+) -> SolveResult:
     check_backend(backend)
     if backend in ("auto", "gurobi") and gurobi_available():
         try:

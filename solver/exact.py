@@ -18,7 +18,7 @@ has a structure a general MILP solver does not know about:
 The search is exact (it proves optimality by the bound), needs no model build and runs in
 about a millisecond to ~15 ms for 12 levels and up to 10,000 workers (scripts/bench_solver.py).
 
-Switch costs (:func:`switch_cost`) are applied by :mod:`solver.allocate` with a second, small
+Switch costs (:func:`solver.model.switch_cost`) are applied by :mod:`solver.allocate` with a second, small
 aggregated MILP (a few dozen columns whatever the cluster size): a branch and bound over counts
 near the current ones has to walk ranges of counts that grow with the cluster, which was
 measured at seconds for 256+ workers, while the MILP stays at milliseconds.
@@ -28,59 +28,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-EPS = 1e-9
-
-
-@dataclass(frozen=True, slots=True)
-class LevelData:
-    """What the allocator needs of each level, in the caller's level order."""
-
-    quality: tuple[float, ...]
-    peak: tuple[float, ...]  # P_th(v), QPM per worker
-    load_time: tuple[float, ...]
-    model: tuple[str, ...]
-
-    def __len__(self) -> int:
-        return len(self.quality)
-
-
-def greedy_loads(data: LevelData, counts: Sequence[int], demand: float) -> tuple[list[float], float]:
-    """Best loads for fixed counts: fill the best-quality levels first. Returns (loads, value)."""
-    order = sorted(range(len(data)), key=lambda v: (-data.quality[v], -data.peak[v]))
-    loads = [0.0] * len(data)
-    rem = demand
-    value = 0.0
-    for v in order:
-        if rem <= 0:
-            break
-        take = min(rem, counts[v] * data.peak[v])
-        loads[v] = take
-        value += take * data.quality[v]
-        rem -= take
-    return loads, value
-
-
-def switch_cost(data: LevelData, counts: Sequence[int], current: Sequence[int]) -> tuple[float, int]:
-    """(cost, moved) of moving from ``current`` to ``counts`` workers per level.
-
-    ``moved`` is the number of workers that get a new level (each worker arriving at a level it
-    was not running, including previously idle ones). ``cost`` is 1 per moved worker plus the
-    model load time of each worker that must load a different model; a worker moving between
-    levels of the same model (e.g. AC levels of one SD-XL) loads nothing. Workers are matched
-    within a model first, which is the cheapest assignment for given counts.
-    """
-    moved = 0
-    gain: dict[str, int] = {}
-    lt: dict[str, float] = {}
-    for v in range(len(data)):
-        moved += max(0, counts[v] - current[v])
-        m = data.model[v]
-        gain[m] = gain.get(m, 0) + counts[v] - current[v]
-        lt[m] = max(lt.get(m, 0.0), data.load_time[v])
-    cost = float(moved) + sum(lt[m] * g for m, g in gain.items() if g > 0)
-    return cost, moved
+from solver.model import EPS, LevelData
 
 
 class _Hull:

@@ -190,20 +190,9 @@ def solve_eq2(
         np.zeros(n, dtype=bool),
         sense="min",
         backend=backend,
+        # HiGHS' presolve can call a balanced transport LP with tiny masses infeasible
+        retry_without_presolve=True,
     )
-    if not res.ok:  # HiGHS' presolve can call a balanced transport LP with tiny masses infeasible
-        res = solve_milp(
-            c,
-            A,
-            b - slack,
-            b + slack,
-            np.zeros(n),
-            np.full(n, np.inf),
-            np.zeros(n, dtype=bool),
-            sense="min",
-            backend="highs",
-            presolve=False,
-        )
     if not res.ok:  # pragma: no cover - a balanced transport problem is always feasible
         raise RuntimeError(f"Eq. 2 LP failed: {res.status} {res.message}")
     X = np.clip(res.x.reshape(L, L), 0.0, None)

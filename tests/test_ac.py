@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from argusdiff.domain import ApproxLevel, Strategy
-from workers.executor import WorkItem
+from workers.messages import WorkItem
 
 pytestmark = pytest.mark.integration
 

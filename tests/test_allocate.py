@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from argusdiff.domain import ApproxLevel, Strategy
 from argusdiff.errors import ConfigError
 from argusdiff.profile import load_profile
-from solver.allocate import allocate, level_data
-from solver.exact import greedy_loads, switch_cost
+from solver.allocate import allocate
+from solver.model import greedy_loads, level_data, switch_cost
 
 
 def make_levels(specs, model=None):

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from argusdiff.domain import ClusterStats
+from argusdiff.domain import level_catalogue as level_table
 from argusdiff.policies import make_policy
 from argusdiff.service.autoscale import desired_workers
 from argusdiff.service.cluster import ClusterBus, ClusterCacheHealth, _fields, _period
-from argusdiff.service.executors import level_table
 from argusdiff.service.health import CacheHealth
 
 

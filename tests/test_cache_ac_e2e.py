@@ -13,7 +13,7 @@ def test_tiny_sdxl_serves_ac_requests_through_index_and_s3(make_latent_cache, tm
     pytest.importorskip("diffusers")
     from argusdiff.profile import load_profile
     from workers.ac import ApproxCacheExecutor, ac_capture_ks
-    from workers.executor import WorkItem
+    from workers.messages import WorkItem
     from workers.registry import ModelRegistry
 
     torch.set_num_threads(1)

@@ -107,7 +107,7 @@ def test_an_entry_a_worker_process_stores_is_visible_to_a_router_process_within_
     code = textwrap.dedent(f"""
         import sys, numpy as np
         from argusdiff.config import Settings
-        from argusdiff.service.executors import build_cache
+        from argusdiff.service.caches import build_cache
         from argusdiff.profile import load_profile
         from cache.api import LatentMeta
         settings = Settings.model_validate_json(open({str(tmp_path / "settings.json")!r}).read())
@@ -150,7 +150,7 @@ def test_qdrant_url_path_shares_one_index_between_worker_and_router(tmp_path, mo
 
     from argusdiff.config import Settings
     from argusdiff.profile import load_profile
-    from argusdiff.service.executors import build_cache, shared_cache_view
+    from argusdiff.service.caches import build_cache, shared_cache_view
 
     real = qdrant_client.QdrantClient
     shared = real(location=":memory:")

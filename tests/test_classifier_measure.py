@@ -27,11 +27,12 @@ def test_measured_table_scores_the_generated_images(tiny_clip_config, demo_regis
     from classifiers.measure import measure_quality_table
     from classifiers.scorers import make_scorer
     from workers.demo import load_demo_profile
-    from workers.executor import WorkItem, executor_factory
+    from workers.executor import ExecutorFactory
+    from workers.messages import WorkItem
 
     profile = load_demo_profile("demo-cpu-sm")
     scorer = make_scorer("clipscore", str(tiny_clip_config))
-    factory = executor_factory(profile, demo_registry)
+    factory = ExecutorFactory(profile, demo_registry)
     table = measure_quality_table(PROMPTS[:3], profile, scorer, factory, seed=5, progress=False)
     assert table.level_ids == profile.ids and table.scores.shape == (3, len(profile.ids))
     assert table.profile == profile.name and not table.synthetic and table.metric == "clipscore"
@@ -47,12 +48,12 @@ def test_ac_levels_are_refused(tiny_clip_config, demo_registry):  # noqa: F811
     from argusdiff.profile import load_profile
     from classifiers.measure import measure_quality_table
     from classifiers.scorers import make_scorer
-    from workers.executor import executor_factory
+    from workers.executor import ExecutorFactory
 
     profile = load_profile("demo-cpu")
     scorer = make_scorer("clipscore", str(tiny_clip_config))
     with pytest.raises(TrainingDataError, match="approximate caching"):
-        measure_quality_table(PROMPTS, profile, scorer, executor_factory(profile, demo_registry), progress=False)
+        measure_quality_table(PROMPTS, profile, scorer, ExecutorFactory(profile, demo_registry), progress=False)
 
 
 def test_cli_train_from_prompts(tiny_clip_config, tiny_bert, demo_models_dir, tmp_path, capsys, monkeypatch):  # noqa: F811

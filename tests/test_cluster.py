@@ -231,9 +231,8 @@ def test_a_worker_reads_its_slice_of_the_plan(redis_server, ac):
     level, batch size and served siblings as from the whole plan, at a fraction of the bytes."""
     import numpy as np
 
-    from argusdiff.domain import ClusterStats
+    from argusdiff.domain import ClusterStats, level_catalogue
     from argusdiff.policies import make_policy
-    from argusdiff.service.executors import level_table
 
     policy = make_policy("argus", ac, rng=np.random.default_rng(0), config={"period_s": 10.0, "backend": "highs"})
     workers = tuple(f"w{i:03d}" for i in range(200))
@@ -242,7 +241,7 @@ def test_a_worker_reads_its_slice_of_the_plan(redis_server, ac):
     lease = LeaderLease(r, "argusdiff", "leader", 5.0)
     lease.step()
     FencedPlanStore(RedisControlStore(RedisWorkQueue(redis_server.url)), lease).publish_plan(plan)
-    levels = level_table(ac)
+    levels = level_catalogue(ac)
     for w in ("w000", "w107", "w199", "nobody"):
         mine = RedisControlStore(RedisWorkQueue(redis_server.url)).read_plan_for(w)
         assert mine.version == plan.version and mine.assignment.get(w) == plan.assignment.get(w)

@@ -22,18 +22,18 @@ import pytest
 
 from argusdiff.admission import AdmissionConfig
 from argusdiff.config import Settings
+from argusdiff.domain import level_catalogue
 from argusdiff.policies import make_policy
 from argusdiff.profile import load_profile
 from argusdiff.service.dispatch import LocalDispatch
 from argusdiff.service.errors import ApiError
-from argusdiff.service.executors import level_table
 from argusdiff.service.metrics import ServiceMetrics
 from argusdiff.service.router import Router
 from argusdiff.service.schemas import GenerationSpec
-from argusdiff.service.standin import StandInExecutor
 from argusdiff.simulator import SimConfig, quick_workload, simulate
-from workers.cascade import handoff_item
 from workers.loop import Worker
+from workers.messages import handoff_item
+from workers.standin import StandInExecutor
 
 GPUS = 4
 SPACING_S = 200.0  # every request finishes long before the next arrives
@@ -157,7 +157,7 @@ async def _live_outcomes(policy_name: str, profile, wl, stats):
         clock=clock,
         admission=ADMISSION,
     )
-    levels = level_table(profile)
+    levels = level_catalogue(profile)
     confidence = (
         {wl.prompts[p]: float(wl.confidence[p]) for p in range(len(wl.prompts))} if wl.confidence is not None else None
     )
@@ -255,7 +255,7 @@ def test_redis_cascade_handoff_is_decided_once_by_the_policy(redis_server):
     from argusdiff.domain import ClusterStats
     from argusdiff.service.dispatch import RedisDispatch
     from argusdiff.service.redis_queue import RedisWorkQueue
-    from workers.executor import WorkResult
+    from workers.messages import WorkResult
 
     profile = load_profile("cascade-sdturbo-sdv15")
     light, heavy = profile.cascade.light, profile.cascade.heavy

@@ -72,8 +72,8 @@ def test_replay_drift_counts_retrains_over_the_served_stream():
 
 
 def _stand_in_png(prompt: str, level: str, seed: int) -> bytes:
-    from argusdiff.service.standin import StandInExecutor, solid_png
-    from workers.executor import WorkItem
+    from workers.messages import WorkItem
+    from workers.standin import StandInExecutor, solid_png
 
     rgb = StandInExecutor._colour(WorkItem(request_id="x", prompt=prompt, level=level, seed=seed))
     return solid_png(8, 8, rgb)

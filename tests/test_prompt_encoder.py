@@ -59,7 +59,7 @@ def test_nirvana_live_with_clip_embeddings(demo_models_dir, tmp_path, live_servi
 def test_ac_executor_embeds_with_the_pipeline_text_encoder(demo_registry, make_latent_cache):
     from argusdiff.profile import load_profile
     from workers.ac import ApproxCacheExecutor, ac_capture_ks
-    from workers.executor import WorkItem
+    from workers.messages import WorkItem
 
     profile = load_profile("demo-cpu")
     cache = make_latent_cache(dim=32)

@@ -7,7 +7,7 @@ import pytest
 
 from argusdiff.service.errors import QueueUnavailable
 from argusdiff.service.redis_queue import RedisWorkQueue
-from workers.executor import WorkItem, WorkResult
+from workers.messages import WorkItem, WorkResult
 
 pytestmark = pytest.mark.integration
 

@@ -64,7 +64,7 @@ def test_result_memory_expires_in_insertion_order():
 
 
 def test_result_memory_is_capped_by_bytes_oldest_first():
-    from workers.executor import WorkResult
+    from workers.messages import WorkResult
 
     d = ResultMemory(3 * (ENTRY_OVERHEAD + 1000), 3600)
     for i in range(10):
@@ -103,8 +103,8 @@ def test_plan_json_round_trip():
 
 def test_stand_in_executor_png_and_load_time():
     from argusdiff.profile import load_profile
-    from argusdiff.service.standin import StandInExecutor, solid_png
-    from workers.executor import WorkItem
+    from workers.messages import WorkItem
+    from workers.standin import StandInExecutor, solid_png
 
     png = solid_png(3, 2, (1, 2, 3))
     assert png.startswith(b"\x89PNG\r\n\x1a\n")
@@ -179,7 +179,7 @@ def test_control_loop_moves_unserved_work_but_leaves_ac_siblings_to_their_model_
     from fixtures_service import service_settings
 
     from argusdiff.service.app import Service
-    from workers.executor import WorkItem
+    from workers.messages import WorkItem
 
     async def scenario():
         service = Service(service_settings("demo-cpu", workers=0, policy="nirvana"))
@@ -287,7 +287,7 @@ def test_full_size_stand_in_png_has_a_real_images_byte_size():
 
     from PIL import Image
 
-    from argusdiff.service.standin import full_size_png
+    from workers.standin import full_size_png
 
     a, b = full_size_png("256x128"), full_size_png("256x128")
     assert Image.open(io.BytesIO(a)).size == (256, 128)

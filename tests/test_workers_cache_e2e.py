@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from argusdiff.profile import load_profile
-from workers.executor import WorkItem, executor_factory
+from workers.executor import ExecutorFactory
 from workers.loop import Worker
+from workers.messages import WorkItem
 from workers.queue import InProcessWorkQueue
 
 pytestmark = pytest.mark.integration
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.integration
 def test_ac_requests_through_index_and_store(demo_registry, make_latent_cache, hash_embedder, index, store):
     cache = make_latent_cache(index=index, store=store, dim=64)
     profile = load_profile("demo-cpu")
-    factory = executor_factory(profile, demo_registry, cache, embed=hash_embedder)
+    factory = ExecutorFactory(profile, demo_registry, cache, embed=hash_embedder)
     q = InProcessWorkQueue()
     workers = {lv: Worker(f"w-{lv}", q, factory, level=lv, poll_s=0.05) for lv in profile.ids}
 
@@ -54,7 +55,7 @@ def test_resuming_from_the_cached_fp16_latent_stays_close(demo_registry, make_la
 
     cache = make_latent_cache(dim=64)
     profile = load_profile("demo-cpu")
-    factory = executor_factory(profile, demo_registry, cache, embed=hash_embedder)
+    factory = ExecutorFactory(profile, demo_registry, cache, embed=hash_embedder)
     full = factory("xl-k0").run([WorkItem("a", "a red cube", "xl-k0", seed=9)])[0]
     hit = factory("xl-k2").run([WorkItem("b", "a red cube", "xl-k2", seed=9)])[0]
     assert hit.cache_hit

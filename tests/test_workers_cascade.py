@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from workers.demo import load_demo_profile
-from workers.executor import WorkItem
+from workers.messages import WorkItem
 
 pytestmark = pytest.mark.integration
 

@@ -10,8 +10,9 @@ import pytest
 from argusdiff.domain import Plan, Strategy
 from argusdiff.profile import load_profile
 from workers.demo import load_demo_profile
-from workers.executor import TIMING_KEYS, WorkItem, WorkResult, executor_factory
+from workers.executor import ExecutorFactory
 from workers.loop import Worker
+from workers.messages import TIMING_KEYS, WorkItem, WorkResult
 from workers.queue import InProcessWorkQueue
 
 pytestmark = pytest.mark.integration
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 def demo_ac(demo_registry, memory_cache, hash_embedder):
     profile = load_profile("demo-cpu")
-    return profile, executor_factory(profile, demo_registry, memory_cache, embed=hash_embedder)
+    return profile, ExecutorFactory(profile, demo_registry, memory_cache, embed=hash_embedder)
 
 
 def _put(q, level, n, prefix="r", prompt="a red cube"):
@@ -141,7 +142,7 @@ def test_ac_worker_serves_unserved_sibling_levels_of_its_model(demo_ac):
 def test_switching_to_another_model_loads_it_and_keeps_serving(demo_registry):
     profile = load_demo_profile("demo-cpu-sm")
     q = InProcessWorkQueue()
-    w = Worker("w0", q, executor_factory(profile, demo_registry), level="xl", poll_s=0.01)
+    w = Worker("w0", q, ExecutorFactory(profile, demo_registry), level="xl", poll_s=0.01)
     _put(q, "xl", 1, prefix="x")
     _put(q, "sd-1step", 2, prefix="s")
     w.drain()
@@ -185,7 +186,7 @@ def test_cascade_deferral_is_handed_back_with_the_light_image(demo_registry):
     is marked deferred."""
     profile = load_demo_profile("demo-cpu-cascade")
     conf = iter([0.9, 0.1])
-    factory = executor_factory(profile, demo_registry, judge=lambda image: next(conf), threshold=0.5)
+    factory = ExecutorFactory(profile, demo_registry, judge=lambda image: next(conf), threshold=0.5)
     q = InProcessWorkQueue()
     q.put("sd-light", WorkItem("ok", "a cat", "sd-light", seed=1, deadline_s=1e12, enqueue_s=5.0))
     q.put("sd-light", WorkItem("bad", "a dog", "sd-light", seed=2, deadline_s=1e12, enqueue_s=5.0))
@@ -213,7 +214,7 @@ def test_cascade_deferral_is_handed_back_with_the_light_image(demo_registry):
 
 def test_plan_threshold_reaches_the_cascade_light_worker(demo_registry):
     profile = load_demo_profile("demo-cpu-cascade")
-    factory = executor_factory(profile, demo_registry, judge=lambda image: 0.5, threshold=0.9)
+    factory = ExecutorFactory(profile, demo_registry, judge=lambda image: 0.5, threshold=0.9)
     q = InProcessWorkQueue()
     w = Worker("light", q, factory, level="sd-light", poll_s=0.01)
     q.put("sd-light", WorkItem("a", "a cat", "sd-light", seed=1))

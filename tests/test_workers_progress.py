@@ -9,7 +9,7 @@ import io
 import pytest
 
 from argusdiff.domain import ApproxLevel, Strategy
-from workers.executor import WorkItem
+from workers.messages import WorkItem
 from workers.progress import events_to, partial_steps
 
 pytestmark = pytest.mark.integration

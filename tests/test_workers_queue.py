@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from workers.executor import TIMING_KEYS, WorkItem, WorkResult
+from workers.messages import TIMING_KEYS, WorkItem, WorkResult
 from workers.queue import InProcessWorkQueue, WorkQueue
 
 

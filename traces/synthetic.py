@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
-from argusdiff.domain import Profile, Strategy
+from argusdiff.domain import CascadeSpec, Profile, Strategy
 from traces.prompts import PromptSet
 from traces.quality import QualityTable, QualityTableError
 
@@ -58,6 +58,7 @@ __all__ = [
     "level_gaps",
     "params_for",
     "prompt_features",
+    "synthetic_confidence",
     "synthetic_quality_table",
     "tolerance",
 ]
@@ -419,6 +420,30 @@ def _composed_table(texts: list[str], ids: tuple[str, ...], set_name: str, profi
 
 # ---------------------------------------------------------------------------------------------
 # Calibration
+
+
+def synthetic_confidence(
+    table: QualityTable, profile: Profile, rng_seed: int, spec: CascadeSpec | None = None
+) -> np.ndarray:
+    """SYNTHETIC discriminator confidences, one per prompt of ``table``, consistent with a cascade
+    pair's f(t) (``spec``, default the profile's ``[cascade]``): a prompt whose light image is
+    relatively worse (light score / heavy score) gets a lower confidence, and
+    P(confidence < t) = f(t). The replay and the simulator's small workloads use it where no
+    measured confidences exist."""
+    c = spec if spec is not None else profile.cascade
+    light = table.level_index(c.light)
+    heavy = table.level_index(c.heavy)
+    rel = table.scores[:, light] / np.maximum(table.scores[:, heavy], 1e-9)
+    n = len(rel)
+    rng = np.random.default_rng([rng_seed, 31])
+    order = np.lexsort((rng.random(n), rel))
+    u = np.empty(n)
+    u[order] = (np.arange(n) + 0.5) / n
+    ts = np.asarray(c.thresholds)
+    fs = np.asarray(c.deferral)
+    # invert f: the smallest t with f(t) >= u (f is non-decreasing)
+    fs_strict = fs + np.arange(len(fs)) * 1e-12
+    return np.interp(u, fs_strict, ts)
 
 
 def calibration_report(

@@ -17,7 +17,7 @@ steps and the result carries ``cache_error`` so the control plane can switch ACâ
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -32,7 +32,7 @@ from cache.api import (
     decode_embedding,
 )
 from workers.errors import LatentMismatch, WorkerError
-from workers.executor import WorkItem, WorkResult
+from workers.messages import WorkItem, WorkResult
 from workers.pipelines import check_resumable, generate, latent_shape, resume
 from workers.registry import ModelRegistry
 from workers.sm import ModelExecutor, queue_wait, seeds_of
@@ -42,13 +42,17 @@ __all__ = ["ApproxCacheExecutor", "ac_capture_ks", "default_embedder"]
 Embedder = Callable[[Sequence[str]], Any]
 
 
-def ac_capture_ks(profile: Profile, level: ApproxLevel) -> tuple[int, ...]:
-    """Every K > 0 that the profile's AC levels of ``level``'s model and N use (what to capture)."""
+def ac_capture_ks(levels: Profile | Iterable[ApproxLevel], level: ApproxLevel) -> tuple[int, ...]:
+    """Which K latents an AC worker of ``level`` captures on a miss and stores: every K > 0 that an
+    AC level of the same model and N uses among ``levels`` (a profile's, or a deployment's
+    catalogue with its fallback). The one rule: a latent of another model or N could never be
+    resumed (a hit must match model, scheduler, N, K and shape)."""
+    pool = levels.levels if isinstance(levels, Profile) else levels
     return tuple(
         sorted(
             {
                 lv.skip
-                for lv in profile.levels
+                for lv in pool
                 if lv.strategy is Strategy.AC and lv.model == level.model and lv.steps == level.steps and lv.skip > 0
             }
         )

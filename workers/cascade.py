@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from argusdiff.domain import ApproxLevel
-from workers.executor import WorkItem, WorkResult
+from workers.messages import WorkItem, WorkResult, handoff_item
 from workers.pipelines import generate, refine_from_latent
 from workers.registry import ModelRegistry
 from workers.sm import ModelExecutor, queue_wait, seeds_of
@@ -53,22 +52,6 @@ def load_discriminator(path: str, *, light: str | None = None, profile: str | No
     from classifiers.discriminator import Discriminator
 
     return Discriminator.load(path, light=light, profile=profile, device=device)
-
-
-def handoff_item(item: WorkItem, heavy: str, confidence: float | None) -> WorkItem:
-    """A cascade hand-off: ``item`` for the heavy level, with where it came from (its arrival,
-    ``enqueue_s``, and deadline unchanged)."""
-    return replace(
-        item,
-        level=heavy,
-        attempt=0,
-        receipt=None,
-        meta={
-            **item.meta,
-            "deferred_from": item.level,
-            "confidence": f"{confidence:.6f}" if confidence is not None else "",
-        },
-    )
 
 
 def latents_compatible(registry: ModelRegistry, light: str, heavy: str) -> bool:

@@ -1,211 +1,40 @@
-"""What a worker executes: :class:`WorkItem` in, :class:`WorkResult` out, and the per-level
-:class:`LevelExecutor` that turns one into the other.
+"""The executor factory: the one place where a level of a deployment becomes a
+:class:`~workers.messages.LevelExecutor`.
 
-``WorkItem`` and ``WorkResult`` are plain, JSON-serialisable records (``to_dict``/``from_dict``)
-so any :class:`~workers.queue.WorkQueue` transport (in-process, Redis Streams) can carry them.
-Times named ``*_s`` on the wall clock are ``time.time()`` seconds; durations are seconds.
+:class:`ExecutorFactory` is ``factory(level_id) -> LevelExecutor`` for a profile (and its fallback
+profile), as :class:`workers.loop.Worker` and the service's workers need. It builds
 
-This module imports no torch: :func:`build_executor` imports the pipeline code lazily.
+* the real executors (:func:`build_executor`): an ``ac`` level becomes a
+  :class:`workers.ac.ApproxCacheExecutor` that stores the latents of the K levels
+  :func:`workers.ac.ac_capture_ks` names; an ``sm`` level a :class:`workers.sm.ModelExecutor`; the
+  light level of a cascade pair with a judge a :class:`workers.cascade.CascadeExecutor` (without
+  a judge, a plain model executor that never defers);
+* or, in TEST MODE (``stand_in_scale``), :class:`workers.standin.StandInExecutor` stand-ins that
+  sleep the level's profiled latency scaled.
+
+:meth:`ExecutorFactory.from_settings` reads the service's settings (``[workers]``, ``[cache]
+encoder``, ``[classifier] discriminator``, ``[service] stand_in_image``). This module imports no
+torch: the executors, the model registry and the discriminator are imported when first built.
 """
 
 from __future__ import annotations
 
-import base64
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from argusdiff.domain import ApproxLevel, CascadeSpec, Profile, Strategy, level_catalogue
+from argusdiff.errors import ConfigError
+from workers.messages import LevelExecutor, WorkItem
 
 if TYPE_CHECKING:  # pragma: no cover
-    from argusdiff.domain import ApproxLevel, CascadeSpec, Profile
     from cache.api import LatentCacheProtocol
     from workers.registry import ModelRegistry
 
-__all__ = [
-    "TIMING_KEYS",
-    "LevelExecutor",
-    "WorkItem",
-    "WorkResult",
-    "build_executor",
-    "executor_factory",
-]
+__all__ = ["ExecutorFactory", "build_executor"]
 
-#: Per-request timings every result reports (seconds; 0.0 when a phase did not happen).
-TIMING_KEYS = ("queue_wait_s", "cache_lookup_s", "latent_fetch_s", "denoise_s", "decode_s")
-
-
-@dataclass(frozen=True, slots=True)
-class WorkItem:
-    """One request queued for one level.
-
-    An AC worker always does its own cache lookup at its level's K. ``receipt`` is the transport's
-    delivery handle (e.g. a Redis stream entry id), set by ``WorkQueue.get`` and never serialised.
-    """
-
-    request_id: str
-    prompt: str
-    level: str
-    seed: int | None = None
-    deadline_s: float | None = None  # absolute wall-clock deadline (time.time())
-    enqueue_s: float = 0.0  # wall-clock time the item was queued
-    attempt: int = 0  # deliveries before this one (a re-claimed item has attempt >= 1)
-    meta: Mapping[str, str] = field(default_factory=dict)  # e.g. tier, cascade hand-off origin
-    receipt: str | None = field(default=None, compare=False)
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.request_id, str) or not self.request_id:
-            raise ValueError("WorkItem.request_id must be a non-empty string")
-        if not isinstance(self.prompt, str):
-            raise ValueError("WorkItem.prompt must be a string")
-        if not isinstance(self.level, str) or not self.level:
-            raise ValueError("WorkItem.level must be a non-empty level id")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise ValueError(f"WorkItem.seed must be an integer or None, got {self.seed!r}")
-
-    def with_receipt(self, receipt: str | None) -> WorkItem:
-        return replace(self, receipt=receipt)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "request_id": self.request_id,
-            "prompt": self.prompt,
-            "level": self.level,
-            "seed": self.seed,
-            "deadline_s": self.deadline_s,
-            "enqueue_s": self.enqueue_s,
-            "attempt": self.attempt,
-            "meta": dict(self.meta),
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any], *, receipt: str | None = None) -> WorkItem:
-        return cls(
-            request_id=str(data["request_id"]),
-            prompt=str(data["prompt"]),
-            level=str(data["level"]),
-            seed=None if data.get("seed") is None else int(data["seed"]),
-            deadline_s=None if data.get("deadline_s") is None else float(data["deadline_s"]),
-            enqueue_s=float(data.get("enqueue_s") or 0.0),
-            attempt=int(data.get("attempt") or 0),
-            meta={str(k): str(v) for k, v in (data.get("meta") or {}).items()},
-            receipt=receipt,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class WorkResult:
-    """The outcome of one :class:`WorkItem`: a PNG image or an error, never both.
-
-    ``level`` is the level that produced the image (for a cascade that deferred, the heavy level);
-    ``requested_level`` the level the item was queued for. ``timings`` holds :data:`TIMING_KEYS`
-    (plus optional extras such as ``judge_s``). ``k_used`` is the number of denoising steps skipped
-    thanks to a cached latent (0 on a miss or for non-AC levels).
-    """
-
-    request_id: str
-    level: str
-    image_png: bytes | None = None
-    error: str | None = None
-    error_type: str | None = None  # class name of the error, e.g. "CacheUnavailable"
-    timings: Mapping[str, float] = field(default_factory=dict)
-    cache_hit: bool = False
-    k_used: int = 0
-    worker_id: str | None = None
-    requested_level: str | None = None
-    seed: int | None = None
-    confidence: float | None = None  # cascade: the discriminator's confidence in the light image
-    deferred: bool = False  # cascade: the light image was rejected and the heavy level redid it
-    unet_calls: int = 0  # denoising network evaluations spent on this request
-    finished_s: float = 0.0
-    cache_error: str | None = None  # the cache failed (CacheUnavailable); the request ran without it
-    # router side: the image left image_png: its id in the image store, or "" when it was
-    # delivered to the client that waited and is not kept
-    image_ref: str | None = None
-    # cascade: the light image was rejected and this item asks the heavy level to redo the request;
-    # the result is not final: the router's policy decides (``route_heavy``: redo, drop, or keep
-    # the light image, which ``image_png`` carries)
-    handoff: WorkItem | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None and (self.image_png is not None or self.image_ref is not None)
-
-    @property
-    def total_s(self) -> float:
-        return float(sum(self.timings.get(k, 0.0) for k in TIMING_KEYS))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "request_id": self.request_id,
-            "level": self.level,
-            "image_png": None if self.image_png is None else base64.b64encode(self.image_png).decode("ascii"),
-            "error": self.error,
-            "error_type": self.error_type,
-            "timings": dict(self.timings),
-            "cache_hit": self.cache_hit,
-            "k_used": self.k_used,
-            "worker_id": self.worker_id,
-            "requested_level": self.requested_level,
-            "seed": self.seed,
-            "confidence": self.confidence,
-            "deferred": self.deferred,
-            "unet_calls": self.unet_calls,
-            "finished_s": self.finished_s,
-            "cache_error": self.cache_error,
-            "image_ref": self.image_ref,
-            "handoff": None if self.handoff is None else self.handoff.to_dict(),
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> WorkResult:
-        png = data.get("image_png")
-        return cls(
-            request_id=str(data["request_id"]),
-            level=str(data["level"]),
-            image_png=None if png is None else base64.b64decode(png),
-            error=data.get("error"),
-            error_type=data.get("error_type"),
-            timings={str(k): float(v) for k, v in (data.get("timings") or {}).items()},
-            cache_hit=bool(data.get("cache_hit", False)),
-            k_used=int(data.get("k_used") or 0),
-            worker_id=data.get("worker_id"),
-            requested_level=data.get("requested_level"),
-            seed=None if data.get("seed") is None else int(data["seed"]),
-            confidence=None if data.get("confidence") is None else float(data["confidence"]),
-            deferred=bool(data.get("deferred", False)),
-            unet_calls=int(data.get("unet_calls") or 0),
-            finished_s=float(data.get("finished_s") or 0.0),
-            cache_error=data.get("cache_error"),
-            image_ref=data.get("image_ref"),
-            handoff=None if not data.get("handoff") else WorkItem.from_dict(data["handoff"]),
-        )
-
-    @classmethod
-    def failure(
-        cls, item: WorkItem, exc: BaseException, *, worker_id: str | None = None, **timings: float
-    ) -> WorkResult:
-        return cls(
-            request_id=item.request_id,
-            level=item.level,
-            error=str(exc) or exc.__class__.__name__,
-            error_type=exc.__class__.__name__,
-            timings={k: float(timings.get(k, 0.0)) for k in TIMING_KEYS},
-            worker_id=worker_id,
-            requested_level=item.level,
-            seed=item.seed,
-        )
-
-
-@runtime_checkable
-class LevelExecutor(Protocol):
-    """Runs requests of one level on one loaded model (``model`` is its registry name)."""
-
-    level_id: str
-    model: str
-
-    def run(self, items: Sequence[WorkItem]) -> list[WorkResult]:
-        """Execute a batch (all of this level); one result per item, in order. Per-item failures
-        come back as error results; only a broken model raises."""
-        ...
+log = logging.getLogger("argusdiff.workers")
 
 
 def build_executor(
@@ -223,7 +52,7 @@ def build_executor(
     refine_strength: float | None = None,
     encoder: str = "minilm",
 ) -> LevelExecutor:
-    """The executor for ``level`` (torch and diffusers are imported here, not at module import).
+    """The real executor for ``level`` (torch and diffusers are imported here, not at module import).
 
     * ``ac`` levels: :class:`workers.ac.ApproxCacheExecutor` (without a cache every request runs
       all N steps and nothing is stored; ``capture_ks`` are the K latents stored per miss);
@@ -233,8 +62,6 @@ def build_executor(
       deferring to ``heavy`` below ``threshold`` (default: the middle of the profiled grid); any
       other cascade level is a plain model executor.
     """
-    from argusdiff.domain import Strategy
-
     if level.strategy is Strategy.AC:
         from workers.ac import ApproxCacheExecutor
 
@@ -249,7 +76,7 @@ def build_executor(
             heavy,
             registry,
             judge=judge,
-            threshold=cascade.thresholds[len(cascade.thresholds) // 2] if threshold is None else threshold,
+            threshold=middle_threshold(cascade) if threshold is None else threshold,
             inline_heavy=inline_heavy,
             refine_strength=refine_strength,
         )
@@ -258,46 +85,182 @@ def build_executor(
     return ModelExecutor(level, registry)
 
 
-def executor_factory(
-    profile: Profile,
-    registry: ModelRegistry,
-    cache: LatentCacheProtocol | None = None,
-    *,
-    judge: Any = None,
-    threshold: float | None = None,
-    embed: Callable[[Sequence[str]], Any] | None = None,
-    inline_heavy: bool = False,
-    refine_strength: float | None = None,
-    encoder: str = "minilm",
-) -> Callable[[str], LevelExecutor]:
-    """``factory(level_id) -> LevelExecutor`` for a profile, as :class:`workers.loop.Worker` needs.
+def middle_threshold(cascade: CascadeSpec) -> float:
+    """A cascade executor's threshold until a plan sets one: the middle of the profiled grid."""
+    return cascade.thresholds[len(cascade.thresholds) // 2]
 
-    AC executors capture every K the profile's AC levels of the same model use; a cascade light
-    level gets the judge and the heavy level from the profile's ``[cascade]`` table.
+
+class ExecutorFactory:
+    """``factory(level_id) -> LevelExecutor`` for the levels of ``profile`` and ``fallback``.
+
+    ``registry`` is the model registry (or ``load_registry()`` builds it on first use); ``judge``
+    judges cascade light images (or ``load_judge()`` loads it on first use; None: cascades never
+    defer). ``cache``, ``embed`` and ``encoder`` go to AC executors; ``threshold``,
+    ``inline_heavy`` and ``refine_strength`` to cascade executors.
+
+    TEST MODE: with ``stand_in_scale`` every level is a stand-in. Each worker thread keeps the
+    models it loaded (LRU, up to ``max_loaded_models``, as a real worker's registry does): a model
+    not among them costs its scaled load time (the first is loaded before the worker takes work).
+    ``stand_in_judge`` (``judge(item) -> confidence``, e.g. a replay's per-prompt confidences)
+    makes a cascade light level's stand-in hand low-confidence requests to the heavy level.
     """
 
-    def factory(level_id: str) -> LevelExecutor:
-        level = profile.level(level_id)
-        capture = None
-        if level.strategy.value == "ac":
-            from workers.ac import ac_capture_ks
+    def __init__(
+        self,
+        profile: Profile,
+        registry: ModelRegistry | None = None,
+        cache: LatentCacheProtocol | None = None,
+        *,
+        fallback: Profile | None = None,
+        load_registry: Callable[[], ModelRegistry] | None = None,
+        judge: Any = None,
+        load_judge: Callable[[], Any] | None = None,
+        threshold: float | None = None,
+        embed: Callable[[Sequence[str]], Any] | None = None,
+        inline_heavy: bool = False,
+        refine_strength: float | None = None,
+        encoder: str = "minilm",
+        stand_in_scale: float | None = None,
+        stand_in_full_size: bool = False,
+        max_loaded_models: int = 1,
+    ) -> None:
+        self.profile = profile
+        self.levels = level_catalogue(profile, fallback)
+        self.cache = cache
+        self._registry = registry
+        self._load_registry = load_registry
+        self._judge = judge
+        self._load_judge = load_judge
+        self.threshold = threshold
+        self.embed = embed
+        self.inline_heavy = inline_heavy
+        self.refine_strength = refine_strength
+        self.encoder = encoder
+        self.stand_in_scale = stand_in_scale
+        self.stand_in_full_size = stand_in_full_size
+        self.max_loaded_models = max(1, int(max_loaded_models))
+        # TEST MODE: a cascade light level's stand-in judge (``judge(item) -> confidence``), e.g. a
+        # replay's per-prompt confidences; None: stand-ins never defer
+        self.stand_in_judge: Callable[[WorkItem], float] | None = None
+        self._local = threading.local()
 
-            capture = ac_capture_ks(profile, level)
-        cascade = profile.cascade
-        heavy = profile.level(cascade.heavy) if cascade is not None else None
-        return build_executor(
-            level,
+    @classmethod
+    def from_settings(
+        cls,
+        profile: Profile,
+        settings: Any,
+        *,
+        fallback: Profile | None = None,
+        cache: LatentCacheProtocol | None = None,
+        stand_in_scale: float | None = None,
+        registry: ModelRegistry | None = None,
+    ) -> ExecutorFactory:
+        """The service's factory (a :class:`argusdiff.config.Settings`): the registry of
+        ``[workers]``, the judge of ``[classifier] discriminator``, the prompt encoder of ``[cache]``,
+        and stand-ins of ``[service] stand_in_image`` size."""
+
+        def load_registry() -> ModelRegistry:
+            from workers.registry import ModelRegistry
+
+            return ModelRegistry.from_config(settings.workers)
+
+        def load_judge() -> Callable[[Any], float] | None:
+            path = settings.classifier.discriminator
+            if path is None:
+                return None
+            from classifiers.discriminator import Discriminator
+
+            disc = Discriminator.load(path)
+            return lambda image: float(disc.confidence([image])[0])
+
+        return cls(
+            profile,
             registry,
             cache,
+            fallback=fallback,
+            load_registry=load_registry,
+            load_judge=load_judge,
+            encoder=settings.cache.encoder,
+            stand_in_scale=stand_in_scale,
+            stand_in_full_size=getattr(settings.service, "stand_in_image", "tiny") == "full",
+            max_loaded_models=getattr(settings.workers, "max_loaded_models", 1),
+        )
+
+    @property
+    def registry(self) -> ModelRegistry:
+        if self._registry is None:
+            if self._load_registry is None:
+                raise ConfigError("the executor factory has no model registry")
+            self._registry = self._load_registry()
+        return self._registry
+
+    @property
+    def judge(self) -> Any:
+        """The cascade judge (loaded on first use), or None."""
+        if self._judge is None and self._load_judge is not None:
+            self._judge = self._load_judge()
+            self._load_judge = None
+        return self._judge
+
+    def level(self, level_id: str) -> ApproxLevel:
+        try:
+            return self.levels[level_id]
+        except KeyError:
+            raise ConfigError(f"level {level_id!r} is not in profile {self.profile.name!r}") from None
+
+    def __call__(self, level_id: str) -> LevelExecutor:
+        level = self.level(level_id)
+        if self.stand_in_scale is not None:
+            return self._stand_in(level, self.stand_in_scale)
+        cascade = self.profile.cascade_for(level.id)
+        heavy = None
+        judge = None
+        if level.strategy is Strategy.CASCADE and cascade is not None:
+            judge = self.judge
+            if judge is None:
+                log.warning("no discriminator configured: cascade level %s runs without deferral", level.id)
+            heavy = self.levels[cascade.heavy]
+        capture = None
+        if level.strategy is Strategy.AC:
+            from workers.ac import ac_capture_ks
+
+            capture = ac_capture_ks(self.levels.values(), level)
+        return build_executor(
+            level,
+            self.registry,
+            self.cache,
             judge=judge,
             heavy=heavy,
             cascade=cascade,
-            threshold=threshold,
-            embed=embed,
+            threshold=self.threshold,
+            embed=self.embed,
             capture_ks=capture,
-            inline_heavy=inline_heavy,
-            refine_strength=refine_strength,
-            encoder=encoder,
+            inline_heavy=self.inline_heavy,
+            refine_strength=self.refine_strength,
+            encoder=self.encoder,
         )
 
-    return factory
+    def _stand_in(self, level: ApproxLevel, scale: float) -> LevelExecutor:
+        from workers.standin import StandInExecutor
+
+        resident: list[str] = getattr(self._local, "resident", None) or []
+        if level.model in resident:
+            resident.remove(level.model)
+            load_s = 0.0
+        else:
+            load_s = level.load_time_s * scale if resident else 0.0
+        resident.append(level.model)
+        self._local.resident = resident[-self.max_loaded_models :]
+        cascade = self.profile.cascade
+        if self.stand_in_judge is not None and cascade is not None and level.id == cascade.light:
+            return StandInExecutor(
+                level,
+                scale,
+                load_s=load_s,
+                full_size=self.stand_in_full_size,
+                judge=self.stand_in_judge,
+                heavy=cascade.heavy,
+                judge_s=cascade.discriminator_latency_s,
+                threshold=middle_threshold(cascade),  # as a real cascade executor until a plan sets one
+            )
+        return StandInExecutor(level, scale, load_s=load_s, full_size=self.stand_in_full_size)

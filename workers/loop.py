@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from workers.executor import LevelExecutor, WorkItem, WorkResult
+from workers.messages import LevelExecutor, WorkItem, WorkResult
 from workers.queue import WorkQueue
 
 __all__ = ["Worker", "WorkerStats"]

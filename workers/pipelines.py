@@ -23,17 +23,17 @@ import time
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from workers.errors import LatentMismatch, UnsupportedScheduler
-from workers.progress import StepReporter
 from workers.registry import AC_SCHEDULERS, LoadedModel
 
 __all__ = [
     "Generation",
+    "StepObserver",
     "UnetCounter",
     "check_resumable",
     "decode",
@@ -44,6 +44,20 @@ __all__ = [
     "resume",
     "to_png",
 ]
+
+
+class StepObserver(Protocol):
+    """What a run reports its steps to (:class:`workers.progress.StepReporter`, which decodes
+    partial images with this module's :func:`decode`)."""
+
+    @property
+    def active(self) -> bool: ...
+
+    def watch(self, scheduler: Any) -> contextlib.AbstractContextManager: ...
+
+    def begin(self) -> None: ...
+
+    def step(self, done: int, latents: Any) -> None: ...
 
 
 @dataclass(slots=True)
@@ -147,7 +161,7 @@ def generate(
     guidance: float | None = None,
     capture: Sequence[int] = (),
     decode_images: bool = True,
-    on_step: StepReporter | None = None,
+    on_step: StepObserver | None = None,
 ) -> Generation:
     """Run all N steps for a batch; with ``capture``, keep the latents after each K in it; with
     ``on_step``, report every step (streamed requests, :mod:`workers.progress`)."""
@@ -229,7 +243,7 @@ def _resume_sd(
     n: int,
     guidance: float,
     gens: list,
-    on_step: StepReporter | None = None,
+    on_step: StepObserver | None = None,
 ) -> torch.Tensor:
     pipe = model.pipe
     sched = pipe.scheduler
@@ -277,7 +291,7 @@ def resume(
     steps: int | None = None,
     guidance: float | None = None,
     decode_images: bool = True,
-    on_step: StepReporter | None = None,
+    on_step: StepObserver | None = None,
 ) -> Generation:
     """Continue latents captured after ``k`` of N steps for ``prompts``: runs exactly N−K steps
     (``on_step`` reports steps K+1..N)."""

@@ -383,6 +383,7 @@ def measure_quality(
 ) -> np.ndarray:
     """Scores (prompts × levels): every prompt at every level, AC levels resumed from the latent of
     the prompt's nearest other prompt."""
+    from workers.ac import ac_capture_ks
     from workers.pipelines import generate, resume
 
     tick = step or (lambda what: None)
@@ -396,7 +397,7 @@ def measure_quality(
             if level.skip:
                 key = (level.model, level.steps)
                 if key not in captured:
-                    ks = sorted({lv.skip for lv in profile.levels if lv.model == level.model and lv.skip})
+                    ks = ac_capture_ks(profile, level)
                     full = generate(model, prompts, [seed] * len(prompts), steps=level.steps, capture=ks)
                     captured[key] = full.captured
                 lat = captured[key][level.skip][nn[i] : nn[i] + 1]

@@ -29,7 +29,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from workers.executor import WorkItem
+from workers.messages import WorkItem
 
 __all__ = ["StepReporter", "current_sink", "events_to", "partial_steps", "preview_decoder"]
 

@@ -24,7 +24,7 @@ from collections import deque
 from dataclasses import replace
 from typing import Protocol, runtime_checkable
 
-from workers.executor import WorkItem, WorkResult
+from workers.messages import WorkItem, WorkResult
 
 __all__ = ["InProcessWorkQueue", "WorkQueue"]
 

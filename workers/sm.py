@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from argusdiff.domain import ApproxLevel
-from workers.executor import TIMING_KEYS, WorkItem, WorkResult
+from workers.messages import TIMING_KEYS, WorkItem, WorkResult
 from workers.pipelines import default_seed, generate, to_png
 from workers.progress import StepReporter
 from workers.registry import LoadedModel, ModelRegistry

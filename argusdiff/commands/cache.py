@@ -222,7 +222,7 @@ def run_warm(args: argparse.Namespace) -> int:
 
     from cache.latent_cache import LatentCache
     from workers.ac import ApproxCacheExecutor, ac_capture_ks
-    from workers.executor import WorkItem
+    from workers.messages import WorkItem
     from workers.registry import ModelRegistry
 
     ks = ac_capture_ks(profile, level)

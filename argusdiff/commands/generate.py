@@ -91,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
     if updates:
         wcfg = wcfg.model_copy(update=updates)
 
-    from workers.executor import WorkItem, executor_factory
+    from workers.executor import ExecutorFactory
+    from workers.messages import WorkItem
     from workers.registry import ModelRegistry
 
     if wcfg.torch_threads:
@@ -112,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         from workers.cascade import load_discriminator
 
         judge = load_discriminator(args.discriminator, light=level.id)
-    factory = executor_factory(
+    factory = ExecutorFactory(
         profile,
         registry,
         cache,

@@ -54,11 +54,11 @@ def _from_redis(args: argparse.Namespace) -> dict:
     try:
         deployment = queue.read_deployment()
         if deployment:
+            from argusdiff.domain import level_catalogue
             from argusdiff.profile import load_profile
-            from argusdiff.service.executors import level_table
 
             fallback = deployment.get("fallback")
-            levels = level_table(load_profile(deployment["profile"]), load_profile(fallback) if fallback else None)
+            levels = level_catalogue(load_profile(deployment["profile"]), load_profile(fallback) if fallback else None)
         return cluster_status(queue, levels=levels, plan_log=args.plan_writes)
     except QueueUnavailable as exc:
         raise ConfigError(f"--redis: {exc}") from None

@@ -70,7 +70,7 @@ def _measure(args: argparse.Namespace, settings):
     from classifiers.measure import measure_quality_table
     from classifiers.scorers import make_scorer
     from traces.prompts import load_prompts
-    from workers.executor import executor_factory
+    from workers.executor import ExecutorFactory
     from workers.registry import ModelRegistry
 
     if not args.profile:
@@ -87,7 +87,7 @@ def _measure(args: argparse.Namespace, settings):
     )
     registry = ModelRegistry.from_config(settings.workers)
     table = measure_quality_table(
-        prompts, profile, scorer, executor_factory(profile, registry), seed=args.seed, progress=not args.no_progress
+        prompts, profile, scorer, ExecutorFactory(profile, registry), seed=args.seed, progress=not args.no_progress
     )
     if args.save_table:
         table.to_csv(args.save_table)

@@ -88,11 +88,12 @@ def run(args: argparse.Namespace) -> int:
 
     from argusdiff.errors import ConfigError
     from argusdiff.profile import load_profile
+    from argusdiff.service.caches import build_cache
     from argusdiff.service.errors import QueueUnavailable
-    from argusdiff.service.executors import ExecutorFactory, build_cache, level_table
     from argusdiff.service.redis_queue import RedisWorkQueue
     from argusdiff.service.store import RedisControlStore
     from argusdiff.service.worker import ServiceWorker
+    from workers.executor import ExecutorFactory
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("argusdiff.worker")
@@ -127,7 +128,9 @@ def run(args: argparse.Namespace) -> int:
     profile = load_profile(profile_ref)
     fallback = load_profile(fallback_ref) if fallback_ref else None
     cache = None if args.stand_in else build_cache(settings, profile)
-    factory = ExecutorFactory(profile, settings, fallback=fallback, cache=cache, stand_in_scale=args.stand_in)
+    factory = ExecutorFactory.from_settings(
+        profile, settings, fallback=fallback, cache=cache, stand_in_scale=args.stand_in
+    )
     worker = ServiceWorker(
         worker_id,
         queue,
@@ -136,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
         heartbeat_s=cfg.heartbeat_s,
         ttl_s=cfg.worker_timeout_s,
         poll_s=settings.workers.poll_s,
-        level_ids=tuple(level_table(profile, fallback)),
+        level_ids=tuple(factory.levels),
     )
 
     def _stop(signum, frame):  # finish the batch in hand, then leave

@@ -40,7 +40,7 @@ from argusdiff.service.images import CONTENT_TYPES, ImageStoreUnavailable, check
 from argusdiff.service.metrics import CONTENT_TYPE_LATEST
 from argusdiff.service.openapi import openapi_document
 from argusdiff.service.plans import plan_to_dict
-from workers.executor import WorkResult
+from workers.messages import WorkResult
 
 __all__ = ["create_app", "make_server"]
 

@@ -22,12 +22,12 @@ from typing import Any
 import numpy as np
 
 from argusdiff.config import Settings
-from argusdiff.domain import Profile, Strategy
+from argusdiff.domain import Profile, Strategy, level_catalogue
 from argusdiff.policies import PolicyOptions, make_policy
 from argusdiff.profile import PROFILE_DIR, load_profile
+from argusdiff.service.caches import build_cache
 from argusdiff.service.dispatch import LocalDispatch, RedisDispatch
 from argusdiff.service.errors import ShuttingDown
-from argusdiff.service.executors import ExecutorFactory, build_cache, level_table
 from argusdiff.service.health import CacheHealth
 from argusdiff.service.images import build_image_store
 from argusdiff.service.leader import ClusterControlLoop
@@ -35,6 +35,7 @@ from argusdiff.service.metrics import ServiceMetrics
 from argusdiff.service.router import Router
 from argusdiff.service.store import LocalControlStore, RedisControlStore
 from argusdiff.service.worker import ServiceWorker
+from workers.executor import ExecutorFactory
 
 __all__ = ["Service", "load_classifier", "policy_options"]
 
@@ -114,7 +115,7 @@ class Service:
         cfg = self.config = settings.service
         self.profile = profile or load_profile(settings.profile)
         self.fallback = load_profile(cfg.fallback_profile) if cfg.fallback_profile else None
-        self.levels = level_table(self.profile, self.fallback)
+        self.levels = level_catalogue(self.profile, self.fallback)
         self.metrics = ServiceMetrics()
         if classifier is None:
             classifier = load_classifier(settings, self.profile)
@@ -179,7 +180,7 @@ class Service:
         self.dispatch.on_forget = self.router.forget_items
         if cache_probe is None and cache is not None:
             cache_probe = self._probe_latent_cache
-        self.factory = executor_factory or ExecutorFactory(
+        self.factory = executor_factory or ExecutorFactory.from_settings(
             self.profile, settings, fallback=self.fallback, cache=cache, stand_in_scale=cfg.stand_in_scale
         )
         self.drift = self._drift_loop(classifier)
@@ -286,7 +287,7 @@ class Service:
             return None
         c = self.settings.cache
         if cache is None:  # the shared index: replicated through Redis, or the Qdrant server
-            from argusdiff.service.executors import shared_cache_view
+            from argusdiff.service.caches import shared_cache_view
             from cache.api import CacheUnavailable
 
             try:

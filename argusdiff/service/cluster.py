@@ -26,8 +26,6 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from argusdiff.service.leader import parse_holder
-
 __all__ = [
     "ClusterBus",
     "ClusterCacheHealth",
@@ -35,6 +33,7 @@ __all__ = [
     "cluster_status",
     "format_status",
     "local_status",
+    "parse_holder",
     "service_status",
 ]
 
@@ -47,6 +46,16 @@ local all = redis.call('HGETALL', KEYS[1])
 redis.call('DEL', KEYS[1])
 return all
 """
+
+
+def parse_holder(raw: Any) -> tuple[str, int] | None:
+    """The leader lease's holder (``router id|fencing token``, as :class:`argusdiff.service.leader.LeaderLease`
+    writes it), or None."""
+    if raw is None:
+        return None
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    rid, _, tok = text.rpartition("|")
+    return (rid, int(tok)) if tok.isdigit() else None
 
 
 def _text(v: Any) -> str:

@@ -43,7 +43,7 @@ from typing import Any
 from argusdiff.service.errors import QueueUnavailable, ShuttingDown, WorkLost
 from argusdiff.service.idempotency import current_guard
 from argusdiff.service.images import ImageStore, encode, image_id
-from workers.executor import WorkItem, WorkResult
+from workers.messages import WorkItem, WorkResult
 from workers.queue import InProcessWorkQueue
 
 __all__ = ["Delivery", "Dispatch", "LocalDispatch", "LocalWorkQueue", "RedisDispatch", "ResultMemory"]

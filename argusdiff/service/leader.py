@@ -39,6 +39,7 @@ from typing import Any
 
 from argusdiff.domain import Plan
 from argusdiff.errors import ArgusdiffError
+from argusdiff.service.cluster import ClusterBus, ClusterRouterView, parse_holder
 from argusdiff.service.control import ControlLoop
 from argusdiff.service.plans import plan_to_dict
 from argusdiff.service.redis_queue import RedisKeys, worker_view
@@ -151,14 +152,6 @@ class LeaderLease:
         return parse_holder(raw)
 
 
-def parse_holder(raw: Any) -> tuple[str, int] | None:
-    if raw is None:
-        return None
-    text = raw.decode() if isinstance(raw, bytes) else str(raw)
-    rid, _, tok = text.rpartition("|")
-    return (rid, int(tok)) if tok.isdigit() else None
-
-
 class FencedPlanStore:
     """A :class:`~argusdiff.service.store.RedisControlStore` whose plan writes carry the lease's
     token (see the module doc); everything else is delegated."""
@@ -222,7 +215,6 @@ class ClusterControlLoop(ControlLoop):
 
     def __init__(self, *, router_id: str | None = None, lease_s: float | None = None, **kwargs: Any) -> None:
         from argusdiff.service.autoscale import AutoscaleMetrics
-        from argusdiff.service.cluster import ClusterBus, ClusterRouterView
         from argusdiff.service.store import RedisControlStore
 
         router = kwargs.pop("router")

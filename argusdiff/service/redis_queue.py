@@ -36,7 +36,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError, WatchError
 
 from argusdiff.service.errors import QueueUnavailable
-from workers.executor import WorkItem, WorkResult
+from workers.messages import WorkItem, WorkResult
 
 __all__ = ["AsyncRedisDispatch", "RedisKeys", "RedisWorkQueue", "summarize"]
 

@@ -23,14 +23,14 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from argusdiff.admission import Admission, AdmissionConfig, Decision
-from argusdiff.domain import ApproxLevel, Assignment, Plan, Profile, Request, Tier
+from argusdiff.domain import ApproxLevel, Assignment, Plan, Profile, Request, Tier, level_catalogue
 from argusdiff.policies.base import FLOOR_UNMET, Policy, RouteView
 from argusdiff.service.errors import ApiError, QueueUnavailable
 from argusdiff.service.health import CacheHealth
 from argusdiff.service.metrics import ServiceMetrics
 from argusdiff.service.schemas import GenerationSpec, Limits
 from cache.api import EMBEDDING_META_KEY, CacheUnavailable, encode_embedding
-from workers.executor import WorkItem, WorkResult
+from workers.messages import WorkItem, WorkResult
 
 __all__ = ["Router", "Submission"]
 
@@ -126,10 +126,7 @@ class Router:
         self.arrival_seconds: Counter[int] = Counter()  # arrivals per wall-clock second (demand bins)
         self.accepted = 0
         self.completed = 0
-        self._levels: dict[str, ApproxLevel] = {lv.id: lv for lv in profile.levels}
-        if fallback is not None:
-            for lv in fallback.levels:
-                self._levels.setdefault(lv.id, lv)
+        self._levels: dict[str, ApproxLevel] = level_catalogue(profile, fallback)
         # admission after the policy (argusdiff.admission; the simulator applies the same)
         scale = getattr(config, "stand_in_scale", None) or 1.0
         self.admission = Admission(self._levels, admission or AdmissionConfig(time_scale=scale))

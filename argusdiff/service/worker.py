@@ -27,15 +27,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from workers.executor import LevelExecutor
 from workers.loop import Worker
+from workers.messages import LevelExecutor
 from workers.progress import events_to
 
 __all__ = ["ServiceWorker", "wait_until"]
 
 log = logging.getLogger("argusdiff.worker")
 
-ExecutorFactory = Callable[[str], LevelExecutor]
+LevelFactory = Callable[[str], LevelExecutor]  # e.g. workers.executor.ExecutorFactory
 
 
 class ServiceWorker:
@@ -44,7 +44,7 @@ class ServiceWorker:
         worker_id: str,
         queue: Any,
         store: Any,
-        executor_factory: ExecutorFactory,
+        executor_factory: LevelFactory,
         *,
         heartbeat_s: float = 1.0,
         ttl_s: float = 5.0,

@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 
 from argusdiff.admission import ADMITTED, Admission, AdmissionConfig, Decision
-from argusdiff.domain import ApproxLevel, ClusterStats, Plan, Profile, Request, Strategy, Tier
+from argusdiff.domain import ApproxLevel, ClusterStats, Plan, Profile, Request, Strategy, Tier, level_catalogue
 from argusdiff.errors import ConfigError
 from argusdiff.policies.base import Policy, RouteView
 from argusdiff.simulator.faults import Fault
@@ -195,8 +195,6 @@ class Simulator:
         if fb is not None and fb.name != policy.profile.name:
             profiles.append(fb)
         self.profiles = profiles
-        self.levels: dict[str, ApproxLevel] = {}
-        self.level_profile: dict[str, Profile] = {}
         for prof in profiles:
             missing = [lv for lv in prof.ids if lv not in workload.quality]
             if missing:
@@ -204,9 +202,9 @@ class Simulator:
                     f"policy {policy.name!r}: the quality source has no scores for level(s) {', '.join(missing)} "
                     f"of profile {prof.name!r}"
                 )
-            for lv in prof.levels:
-                self.levels[lv.id] = lv
-                self.level_profile[lv.id] = prof
+        # the router's level table (a level both profiles list is the profile's)
+        self.levels: dict[str, ApproxLevel] = level_catalogue(*profiles)
+        self.level_profile: dict[str, Profile] = {lv: next(p for p in profiles if lv in p.ids) for lv in self.levels}
         self.catalog = tuple(self.levels)
         self.cat_index = {lv: i for i, lv in enumerate(self.catalog)}
         # an AC level that misses the cache runs at K = 0 on its model (the profile's best level of

@@ -265,7 +265,7 @@ def quick_workload(
     classifier stand-in with ``confusion``, and cascade confidences derived from the tables."""
     from argusdiff.policies.classifier import OracleClassifier
     from traces.prompts import builtin_prompts
-    from traces.synthetic import synthetic_quality_table
+    from traces.synthetic import synthetic_confidence, synthetic_quality_table
     from traces.trace import load_trace
 
     prompts = builtin_prompts().head(n_prompts)
@@ -275,10 +275,8 @@ def quick_workload(
     confidences: dict[str, np.ndarray] = {}
     for p, t in tables.values():
         if p.cascade is not None or p.cascades:
-            from argusdiff.replay import _cascade_confidence
-
             for spec in p.cascade_specs:
-                confidences[spec.light] = _cascade_confidence(t, p, seed, spec)
+                confidences[spec.light] = synthetic_confidence(t, p, seed, spec)
             if p.cascade is not None:
                 confidence = confidences[p.cascade.light]
     tr = load_trace(trace, seed=seed, n_prompts=len(prompts))

@@ -23,7 +23,7 @@ import zlib
 from collections.abc import Callable, Sequence
 
 from argusdiff.domain import ApproxLevel
-from workers.executor import WorkItem, WorkResult
+from workers.messages import WorkItem, WorkResult, handoff_item
 
 __all__ = ["StandInExecutor", "solid_png"]
 
@@ -118,8 +118,6 @@ class StandInExecutor:
             confidence = None if self.judge is None else float(self.judge(item))
             handoff = None
             if confidence is not None and confidence < self.threshold:
-                from workers.cascade import handoff_item
-
                 handoff = handoff_item(item, str(self.heavy), confidence)
             rgb = self._colour(item)
             wait = max(0.0, start - item.enqueue_s) if item.enqueue_s else 0.0
