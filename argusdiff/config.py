@@ -20,6 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from argusdiff.errors import ConfigError
+from solver import DEFAULT_FORMULATION
 
 ENV_PREFIX = "ARGUSDIFF_"
 
@@ -35,7 +36,9 @@ class SolverConfig(_Section):
         "auto", description="auto: gurobipy when installed and the model fits its license, else HiGHS"
     )
     formulation: Literal["exact", "aggregated", "paper"] = Field(
-        "exact", description="allocation formulation `argusdiff plan` uses (exact: the fast path)"
+        DEFAULT_FORMULATION,  # solver.DEFAULT_FORMULATION says why
+        description="allocation formulation (ARGUS Eq. 1) of `argusdiff plan` and the service's policy "
+        "(exact: the fast path)",
     )
     time_limit_s: float = Field(5.0, gt=0, description="per-solve time limit")
     switch_tolerance: float = Field(

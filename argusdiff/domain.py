@@ -139,6 +139,10 @@ class CascadeSpec:
     # whether a deferral resumes the heavy model from the light image's latent (pipelines that share
     # a latent space, workers/cascade.py); the planner still charges the heavy level's full latency
     resume: bool = False
+    # the DiffServe artifact's name of this pair (sdturbo, sdxs, sdxlltn: traces.diffserve.PAIRS),
+    # whose measured per-query discriminator confidences (dist_<pair>.txt) the replay's
+    # ``--quality diffserve`` uses; None: the artifact measured no such pair
+    diffserve_pair: str | None = None
 
     def f(self, t: float) -> float:
         """Deferral fraction f(t), linearly interpolated on the profiled grid."""

@@ -84,7 +84,7 @@ _TOP_FIELDS = {
     "sources",
 }
 _SOURCE_KEYS = {*SOURCED_FIELDS, "gpu_memory_gb", "slo_s", "cascade"}
-_CASCADE_FIELDS = {"light", "heavy", "discriminator_latency_s", "thresholds", "deferral", "quality"}
+_CASCADE_FIELDS = {"light", "heavy", "discriminator_latency_s", "thresholds", "deferral", "quality", "diffserve_pair"}
 _CASCADES_FIELDS = {*_CASCADE_FIELDS, "resume", "description"}
 
 
@@ -285,6 +285,9 @@ def _parse_cascade(where: str, raw: Any, levels: dict[str, ApproxLevel], *, entr
         raise ProfileError(f"{where}: field 'resume' must be true or false, got {resume!r}")
     if not isinstance(raw.get("description", ""), str):
         raise ProfileError(f"{where}: field 'description' must be a string")
+    pair = raw.get("diffserve_pair")
+    if pair is not None and not (isinstance(pair, str) and pair):
+        raise ProfileError(f"{where}: field 'diffserve_pair' must be a non-empty string, got {pair!r}")
     return CascadeSpec(
         light=light,
         heavy=heavy,
@@ -293,6 +296,7 @@ def _parse_cascade(where: str, raw: Any, levels: dict[str, ApproxLevel], *, entr
         deferral=tuple(fs),
         quality=qs,
         resume=resume,
+        diffserve_pair=pair,
     )
 
 

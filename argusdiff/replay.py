@@ -4,14 +4,15 @@
 into a :class:`~argusdiff.simulator.Workload`; :func:`run_replay` simulates every policy on it
 and computes per-minute metrics and summaries; :mod:`argusdiff.report` writes the outputs.
 
-Each policy runs on the profile of its family: ARGUS-style policies (argus, argus+, pac,
-nirvana) on the approximate-caching profile (argus/argus+ switch to the smaller-model profile when
-the cache degrades), the model-ladder baselines (proteus, sommelier, clipper-ha, clipper-ht) on the
-smaller-model profile, and the cascades (diffserve, diffserve-static) on the cascade profile. All
+Each policy runs on the profile of its family (``Policy.family``, given where it registers):
+ARGUS-style policies (argus, argus+, pac, nirvana) on the approximate-caching profile (those with
+``uses_fallback``, argus and argus+, switch to the smaller-model profile when the cache degrades),
+the model-ladder baselines (proteus, sommelier, clipper-ha, clipper-ht) on the smaller-model
+profile, and the cascades (diffserve, diffserve-static) on the cascade profile. All
 three profiles share SD-XL 50 steps as their best level (``cascade-sdxlltn-sdxl``'s heavy model),
 so "relative quality" (vs each prompt's best level) is comparable across them. With
 ``cascade_baselines`` the model-ladder baselines run on the cascade profile's two models instead
-(DiffServe §4.1's comparison: Clipper-Light/-Heavy, Proteus).
+(DiffServe §4.1's comparison: Clipper-Light/-Heavy, Proteus; ``Policy.cascade_baseline``).
 
 ``argus+ (unified)`` is argus+ on the deployment profile that lists every path (``unified_profile``,
 ``unified-a100``: the AC ladder, the smaller models and the cascades in one plan, per SLO tier);
@@ -22,11 +23,11 @@ the same level. With ``ablation`` it also runs without cascades, AC, SM or tiers
 violations and higher or equal relative quality than it, one of the two strictly.
 
 Every policy plans with the same demand predictor (``predictor``; ``"source"`` gives each policy
-its paper's or artifact's reading instead, :data:`SOURCE_PREDICTORS`). ``diffserve-static`` is
-provisioned for an anticipated peak given in advance (``static_peak_qpm``, by default the trace's
-highest 1-minute rate). ``load_fraction`` replays the trace time-stretched so that its peak
-1-minute rate is that fraction of the most the primary profile's cluster can serve
-(:func:`cluster_capacity_qpm`).
+its paper's or artifact's reading instead, ``Policy.source_predictor``). A policy provisioned for an
+anticipated peak given in advance (``Policy.needs_peak``: ``diffserve-static``) gets
+``static_peak_qpm``, by default the trace's highest 1-minute rate. ``load_fraction`` replays the
+trace time-stretched so that its peak 1-minute rate is that fraction of the most the primary
+profile's cluster can serve (:func:`cluster_capacity_qpm`).
 """
 
 from __future__ import annotations
@@ -46,8 +47,6 @@ from traces.synthetic import synthetic_confidence as _cascade_confidence
 __all__ = [
     "DEFAULT_POLICIES",
     "DEFAULT_TRACE",
-    "FAMILY",
-    "SOURCE_PREDICTORS",
     "UNIFIED_ABLATIONS",
     "UNIFIED_LABEL",
     "ReplayResult",
@@ -72,31 +71,6 @@ DEFAULT_POLICIES = (
     "diffserve",
     "diffserve-static",
 )
-FAMILY = {
-    "argus": "ac",
-    "argus+": "ac",
-    "pac": "ac",
-    "nirvana": "ac",
-    "proteus": "sm",
-    "sommelier": "sm",
-    "clipper-ha": "sm",
-    "clipper-ht": "sm",
-    "diffserve": "cascade",
-    "diffserve-static": "cascade",
-}
-#: each policy's demand predictor as its paper or artifact runs it (``predictor="source"``);
-#: docs/baselines.md gives the sources. Static policies predict nothing.
-SOURCE_PREDICTORS = {
-    "argus": "argus-paper",
-    "argus+": "argus-paper",
-    "pac": "argus-paper",
-    "nirvana": "argus-paper",
-    "proteus": "proteus-artifact",
-    "sommelier": "sommelier-artifact",
-    "diffserve": "diffserve-artifact",
-}
-#: the model-ladder baselines DiffServe §4.1 runs on the cascade's two models
-CASCADE_BASELINES = ("proteus", "clipper-ha", "clipper-ht")
 
 
 @dataclass
@@ -253,16 +227,16 @@ def prepare(spec: ReplaySpec, *, log: Callable[[str], None] | None = None):
     confidence_source = ""
     ctable = tables[cascade.name][1]
     if spec.quality == "diffserve":
-        from traces.diffserve import load_confidences, routing_confidence
+        from traces.diffserve import pair_confidences, routing_confidence
 
-        pair = _cascade_pair(cascade)
+        pair = _diffserve_pair(cascade, cascade.cascade)
         n = len(prompts)
         confidence = routing_confidence(np.arange(n), pair=pair, source="dist")
         confidence_source = (
             f"DiffServe artifact per-query light-image confidences (dist_{pair}), prompt row i -> query i mod 5000"
         )
-        if pair == "sdturbo":
-            conf = load_confidences()
+        conf = pair_confidences(pair)
+        if conf is not None:  # the artifact scored the heavy images of this pair's queries too
             reps = math.ceil(n / len(conf))
             scores = np.zeros((n, len(cascade.ids)))
             scores[:, cascade.ids.index(cascade.cascade.light)] = np.tile(conf.light, reps)[:n]
@@ -290,7 +264,7 @@ def prepare(spec: ReplaySpec, *, log: Callable[[str], None] | None = None):
                 from traces.diffserve import routing_confidence
 
                 confidences[pair.light] = routing_confidence(
-                    np.arange(len(prompts)), pair=_pair_name(pair.light), source="dist"
+                    np.arange(len(prompts)), pair=_diffserve_pair(unified, pair), source="dist"
                 )
             else:
                 confidences[pair.light] = _cascade_confidence(tables[unified.name][1], unified, spec.seed, pair)
@@ -431,17 +405,14 @@ def scale_to_peak(trace, peak_qpm: float):
     return best if best is not None else trace.rescale(factor=factor * 0.9)
 
 
-def _cascade_pair(profile: Profile) -> str:
-    return _pair_name(profile.cascade.light)
-
-
-def _pair_name(light_id: str) -> str:
-    """The DiffServe artifact's name of the pair whose light level is ``light_id``."""
-    light = light_id.lower()
-    for key, pair in (("turbo", "sdturbo"), ("sdxs", "sdxs"), ("light", "sdxlltn"), ("ltn", "sdxlltn")):
-        if key in light:
-            return pair
-    raise ConfigError(f"--quality diffserve: no DiffServe confidences for the light model {light_id!r}")
+def _diffserve_pair(profile: Profile, spec: CascadeSpec) -> str:
+    """The DiffServe artifact's name of a cascade pair, as its profile gives it (``diffserve_pair``)."""
+    if spec.diffserve_pair is None:
+        raise ConfigError(
+            f"--quality diffserve: profile {profile.name!r} gives no DiffServe confidences for the cascade "
+            f"{spec.light} -> {spec.heavy} (field 'diffserve_pair')"
+        )
+    return spec.diffserve_pair
 
 
 def run_replay(
@@ -452,7 +423,7 @@ def run_replay(
     prepared: tuple | None = None,
 ) -> ReplayResult:
     """Simulate every policy of ``spec`` on one workload."""
-    from argusdiff.policies import POLICIES, make_policy
+    from argusdiff.policies import POLICIES, make_policy, policy_class
     from argusdiff.simulator import SimConfig, minute_metrics, parse_faults, simulate, summarize
 
     for name in spec.policies:
@@ -498,8 +469,9 @@ def run_replay(
     if spec.static_peak_qpm is not None and not spec.static_peak_qpm > 0:
         raise ConfigError(f"--static-peak: must be a positive QPM, got {spec.static_peak_qpm}")
     peak = float(trace.peak_qpm) if spec.static_peak_qpm is None else float(spec.static_peak_qpm)
-    if "diffserve-static" in spec.policies:
-        provenance["static_peak"] = f"diffserve-static provisioned for {peak:.0f} QPM given in advance " + (
+    peaked = [n for n in spec.policies if policy_class(n).needs_peak]
+    if peaked:
+        provenance["static_peak"] = f"{', '.join(peaked)} provisioned for {peak:.0f} QPM given in advance " + (
             "(the trace's highest 1-minute rate)" if spec.static_peak_qpm is None else "(--static-peak)"
         )
     from argusdiff.predictors import predictor_spec
@@ -507,19 +479,22 @@ def run_replay(
     if spec.predictor not in (None, "source"):
         predictor_spec(spec.predictor)  # fail early, naming the option
     provenance["predictor"] = (
-        "each policy's own reading (" + ", ".join(f"{k}: {v}" for k, v in SOURCE_PREDICTORS.items()) + ")"
+        "each policy's own reading ("
+        + ", ".join(f"{k}: {c.source_predictor}" for k, c in POLICIES.items() if c.source_predictor)
+        + ")"
         if spec.predictor == "source"
         else predictor_spec(spec.predictor).describe()
     )
     for label, name, extra in runs:
-        fam = FAMILY[name]
-        if spec.cascade_baselines and name in CASCADE_BASELINES:
-            fam = "cascade"
+        cls = policy_class(name)
+        fam = "cascade" if spec.cascade_baselines and cls.cascade_baseline else cls.family
         prof = override.get(label, profiles[fam])
-        if fam == "ac" and prof.strategies == {Strategy.SM} and name == "nirvana":
-            raise ConfigError(f"--profile: nirvana needs an approximate-caching profile, {prof.name!r} is sm")
+        if not prof.strategies & cls.strategies:
+            kinds = "/".join(sorted(s.value for s in cls.strategies))
+            have = "/".join(sorted(s.value for s in prof.strategies))
+            raise ConfigError(f"--profile: {name} needs a {kinds} profile, {prof.name!r} is {have}")
         # DiffServe's controller refreshes every 1 s; the others plan every period (ARGUS: 60 s)
-        period = (spec.period_s or 60.0) if FAMILY[name] != "cascade" else (spec.period_s or spec.cascade_period_s)
+        period = (spec.period_s or 60.0) if cls.family != "cascade" else (spec.period_s or spec.cascade_period_s)
         options: dict[str, Any] = {"slo_s": slo, "period_s": period, **spec.policy_options, **extra}
         if prof.cascades:
             options["tier_slo"] = tier_slo
@@ -527,12 +502,12 @@ def run_replay(
                 profiled[prof.name] = profiled_quality(wl, prof)
             options.update(profiled[prof.name])
         if spec.predictor == "source":
-            options.setdefault("predictor", SOURCE_PREDICTORS.get(name))
+            options.setdefault("predictor", cls.source_predictor)
         elif spec.predictor is not None:
             options.setdefault("predictor", spec.predictor)
-        if name in ("argus", "argus+") and prof.strategies == {Strategy.AC}:
+        if cls.uses_fallback and prof.strategies == {Strategy.AC}:
             options["fallback"] = profiles["sm"]
-        if name == "diffserve-static":
+        if cls.needs_peak:
             options["peak_qpm"] = peak
         policy = make_policy(
             name,
@@ -562,7 +537,7 @@ def run_replay(
         s["admission"] = "on" if admission.enabled else "off"
         s["period_s"] = period
         s["predictor"] = policy.describe().get("predictor", "")
-        if spec.drift is not None and getattr(policy, "uses_classifier", False):
+        if spec.drift is not None and policy.uses_classifier:
             from argusdiff.simulator.drift import replay_drift
 
             s["drift"] = replay_drift(res, spec.drift, seed=spec.seed).as_dict()

@@ -176,7 +176,7 @@ def fidelity(args) -> int:
     import numpy as np
 
     from argusdiff.config import Settings
-    from argusdiff.policies import PolicyOptions, make_policy
+    from argusdiff.policies import make_policy
     from argusdiff.profile import load_profile
     from argusdiff.service.app import Service
     from argusdiff.simulator.engine import SimConfig, simulate
@@ -187,7 +187,7 @@ def fidelity(args) -> int:
     wl = quick_workload(args.trace, [profile], n_prompts=300, seed=0)
     period = args.period
     sim_policy = make_policy(
-        args.policy, profile, rng=np.random.default_rng(0), config=PolicyOptions(period_s=period, backend="highs")
+        args.policy, profile, rng=np.random.default_rng(0), config={"period_s": period, "backend": "highs"}
     )
     # the same admission after the policy in both (the service's default; the live run's times are
     # all scaled by --time-scale, so its decisions match the simulator's)

@@ -44,6 +44,7 @@ __all__ = [
     "load_ft",
     "load_light_confidence",
     "load_runtimes",
+    "pair_confidences",
     "routing_confidence",
 ]
 
@@ -52,6 +53,8 @@ PAIRS = ("sdturbo", "sdxs", "sdxlltn")
 _HEAVY = {"sdturbo": "sdv15", "sdxs": "sdv15", "sdxlltn": "sdxl"}
 _FT_COLUMN = {"sdturbo": "f_sdturbo_sdv15", "sdxs": "f_sdxs_sdv15", "sdxlltn": "f_sdxs_sdv15"}
 INFEASIBLE_MS = 100000.0
+#: the pair whose light and heavy images ``confidence_scores.csv`` scores (``content_id,sdturbo,sdv15``)
+SCORED_PAIR = "sdturbo"
 
 
 class DiffServeDataError(ConfigError):
@@ -158,6 +161,12 @@ def _scores_csv(path: str) -> Confidences:
 def load_confidences(path: str | Path | None = None) -> Confidences:
     """Per-query confidences of SD-Turbo and SDv1.5 images (``confidence_scores.csv``)."""
     return _scores_csv(str(Path(path) if path is not None else DATA_DIR / "confidence_scores.csv"))
+
+
+def pair_confidences(pair: str) -> Confidences | None:
+    """The light and the heavy image's confidences of the same queries, where the artifact measured
+    them for ``pair`` (``confidence_scores.csv``: the ``sdturbo`` pair only), else None."""
+    return load_confidences() if _pair(pair) == SCORED_PAIR else None
 
 
 def load_ft(pair: str = "sdturbo", path: str | Path | None = None) -> tuple[np.ndarray, np.ndarray]:

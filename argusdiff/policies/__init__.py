@@ -1,52 +1,53 @@
 """Routing/allocation policies: ARGUS, its baselines, DiffServe, and argus+.
 
-``POLICIES`` maps a policy name to ``(module:Class, one-line description)``; :func:`make_policy`
-builds one. Every policy implements :class:`~argusdiff.policies.base.Policy`.
+Every policy implements :class:`~argusdiff.policies.base.Policy` and registers itself by name
+when its module is imported (``class Argus(Policy, name="argus", family="ac")``); importing this
+package imports every policy module (they are light: the solver and the cache are imported when a
+plan is made). ``POLICIES`` is the registry (name -> class, read-only); :func:`make_policy` builds
+one.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from argusdiff.domain import Profile
-from argusdiff.policies.base import Policy, PolicyError, PolicyOptions, RouteView, select_worker
+
+# importing a policy module registers its policies (Policy.__init_subclass__); the order is the
+# registry's, and with it the order of listings
+from argusdiff.policies import argus, argus_plus, diffserve, nirvana, proteus, sommelier, static  # noqa: F401
+from argusdiff.policies.base import (
+    REGISTRY,
+    CommonOptions,
+    Policy,
+    PolicyError,
+    RouteView,
+    select_worker,
+)
 
 __all__ = [
     "POLICIES",
+    "CommonOptions",
     "Policy",
     "PolicyError",
-    "PolicyOptions",
     "RouteView",
     "make_policy",
     "policy_class",
     "select_worker",
 ]
 
-POLICIES: dict[str, tuple[str, str]] = {
-    "argus": ("argus:Argus", "classifier -> PASM (ODA) -> worker selector; AC, to SM when the cache degrades"),
-    "argus+": ("argus_plus:ArgusPlus", "ARGUS + deadline-aware admission, switch-cost- and backlog-aware planning"),
-    "pac": ("argus:Pac", "ARGUS without classifier and ODA: prompt-agnostic routing to the allocated levels"),
-    "proteus": ("proteus:Proteus", "prompt-agnostic accuracy scaling over smaller models (ILP), random routing"),
-    "clipper-ha": ("static:ClipperHA", "static: every worker at the best level"),
-    "clipper-ht": ("static:ClipperHT", "static: every worker at the fastest level"),
-    "sommelier": ("sommelier:Sommelier", "per-GPU level choice from that GPU's own load, no cluster view"),
-    "nirvana": ("nirvana:Nirvana", "approximate caching on every worker, K from cache similarity, uniform load"),
-    "diffserve": ("diffserve:DiffServe", "light->heavy cascade, discriminator threshold from the MILP each period"),
-    "diffserve-static": ("diffserve:DiffServeStatic", "light->heavy cascade provisioned once for the peak"),
-}
+#: every registered policy, name -> class
+POLICIES: Mapping[str, type[Policy]] = REGISTRY
 
 
 def policy_class(name: str) -> type[Policy]:
     try:
-        target, _ = POLICIES[name]
+        return POLICIES[name]
     except KeyError:
         raise PolicyError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}") from None
-    module, cls = target.split(":")
-    return getattr(importlib.import_module(f"argusdiff.policies.{module}"), cls)
 
 
 def make_policy(
@@ -55,7 +56,10 @@ def make_policy(
     *,
     rng: np.random.Generator,
     classifier: Any = None,
-    config: PolicyOptions | Mapping[str, Any] | None = None,
+    config: CommonOptions | Mapping[str, Any] | None = None,
 ) -> Policy:
-    """A fresh policy instance (policies keep per-run state: predictors, switch state)."""
+    """A fresh policy instance (policies keep per-run state: predictors, switch state).
+
+    ``config``: the policy's options (an instance of its ``options_type``), or a mapping of option
+    names, which may also carry other policies' options (each policy takes its own)."""
     return policy_class(name)(profile, rng=rng, classifier=classifier, config=config)

@@ -31,22 +31,59 @@ drawn from the allocation's shares regardless of what it needs.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
-
-import numpy as np
+from dataclasses import dataclass
 
 from argusdiff.domain import Assignment, ClusterStats, Plan, Profile, Request, Strategy
 from argusdiff.policies.base import (
+    CommonOptions,
     PlanRouting,
     Policy,
     PolicyError,
-    PolicyOptions,
     RouteView,
     select_worker,
     uniform_pasm,
 )
+from argusdiff.predictors import AffinityHistogram
+from solver import DEFAULT_FORMULATION
 
-__all__ = ["Argus", "Pac", "capacity_share"]
+__all__ = ["Argus", "ArgusOptions", "Pac", "capacity_share"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArgusOptions(CommonOptions):
+    """Options of ARGUS and PAC (and Proteus, which plans as PAC does).
+
+    ``affinity_window``: classified prompts in the affinity histogram H; the solver knobs
+    (``formulation``, ``backend``, ``switch_tolerance``, ``time_limit_s``) go to
+    :func:`solver.allocate.allocate`; ``fallback``: the smaller-model profile ARGUS switches to when
+    the cache degrades (§4.6), ``cache_latency_limit_s`` / ``cache_error_limit`` say when it is
+    degraded, ``switch_margin`` is the capacity margin while switching and ``probe_periods`` the
+    healthy periods seen by background probes before switching back.
+    """
+
+    affinity_window: int = 1000
+    formulation: str = DEFAULT_FORMULATION
+    backend: str = "auto"
+    switch_tolerance: float = 0.005
+    time_limit_s: float = 5.0
+    fallback: Profile | None = None  # ARGUS §4.6: SM levels to switch to when the cache degrades
+    cache_latency_limit_s: float = 0.5  # median retrieval latency above this counts as degraded
+    cache_error_limit: float = 0.05  # share of failed lookups above this counts as degraded
+    switch_margin: float = 1.5  # ARGUS §4.6: capacity margin while switching AC -> SM
+    probe_periods: int = 1  # healthy periods seen by background probes before switching back
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not (isinstance(self.affinity_window, int) and self.affinity_window >= 1):
+            raise PolicyError(f"policy option affinity_window: must be an integer >= 1, got {self.affinity_window!r}")
+        if not 0.0 <= self.switch_tolerance <= 1.0:
+            raise PolicyError(f"policy option switch_tolerance: must be in [0, 1], got {self.switch_tolerance!r}")
+        if not self.time_limit_s > 0:
+            raise PolicyError(f"policy option time_limit_s: must be > 0, got {self.time_limit_s!r}")
+        if self.fallback is not None and not isinstance(self.fallback, Profile):
+            raise PolicyError(f"policy option fallback: must be a Profile, got {type(self.fallback).__name__}")
+        if not self.switch_margin >= 1.0:
+            raise PolicyError(f"policy option switch_margin: must be >= 1, got {self.switch_margin!r}")
 
 
 def capacity_share(profile: Profile, assignment: Mapping[str, str | None]) -> tuple[float, ...]:
@@ -62,22 +99,17 @@ def capacity_share(profile: Profile, assignment: Mapping[str, str | None]) -> tu
     return tuple(c / total for c in cap)
 
 
-class Argus(Policy):
-    name = "argus"
+class Argus(Policy, name="argus", family="ac"):
+    summary = "classifier -> PASM (ODA) -> worker selector; AC, to SM when the cache degrades"
+    options_type = ArgusOptions
+    options: ArgusOptions
     uses_classifier = True
     replans_on_load = True  # §4.6: re-solve as soon as a small model finishes loading
+    uses_fallback = True
+    source_predictor = "argus-paper"
 
-    def __init__(
-        self,
-        profile: Profile,
-        *,
-        rng: np.random.Generator,
-        classifier: Any = None,
-        config: PolicyOptions | Mapping[str, Any] | None = None,
-    ) -> None:
-        super().__init__(profile, rng=rng, classifier=classifier, config=config)
-        from argusdiff.predictors import AffinityHistogram
-
+    def setup(self) -> None:
+        profile = self.profile
         if Strategy.CASCADE in profile.strategies and not self.cascade_as_ladder and not self.plans_paths(profile):
             raise PolicyError(f"policy {self.name!r} needs an AC or SM profile, got cascade profile {profile.name!r}")
         fallback = self.options.fallback
@@ -101,6 +133,9 @@ class Argus(Policy):
         self.requested: dict[str, float] = {}
         self._routing: PlanRouting | None = None
         self._lat: list[float] = []
+
+    def known_profiles(self) -> tuple[Profile, ...]:
+        return tuple(p for p in (self.profile, self.options.fallback) if p is not None)
 
     cascade_as_ladder = False  # Proteus runs a cascade profile's two models as a two-level ladder
 
@@ -345,11 +380,12 @@ class Argus(Policy):
         return Assignment(level=level, worker=worker, optimal_level=view.optimal_level)
 
 
-class Pac(Argus):
+class Pac(Argus, name="pac", family="ac"):
     """ARGUS without the classifier and ODA (ARGUS §5's PAC baseline)."""
 
-    name = "pac"
+    summary = "ARGUS without classifier and ODA: prompt-agnostic routing to the allocated levels"
     uses_classifier = False
+    uses_fallback = False
 
     def pasm(self, affinity: tuple[float, ...], share: tuple[float, ...]) -> tuple[tuple[float, ...], ...]:
         return uniform_pasm(share)

@@ -21,17 +21,68 @@ planning above.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
 from argusdiff.domain import Assignment, ClusterStats, Plan, Request, Strategy
-from argusdiff.policies.argus import Argus
-from argusdiff.policies.base import RouteView, select_worker
+from argusdiff.policies.argus import Argus, ArgusOptions
+from argusdiff.policies.base import PolicyError, RouteView, select_worker
 from argusdiff.policies.mixed import is_mixed, miss_fallback, needs_cache
-from argusdiff.policies.unified import UnifiedRouting, route_heavy_unified, route_unified, tier_mix, unified_plan
+from argusdiff.policies.unified import (
+    STRATEGY_NAMES,
+    UnifiedRouting,
+    route_heavy_unified,
+    route_unified,
+    tier_mix,
+    unified_plan,
+)
 
-__all__ = ["ArgusPlus"]
+__all__ = ["ArgusPlus", "ArgusPlusOptions"]
 
 
-class ArgusPlus(Argus):
-    name = "argus+"
+@dataclass(frozen=True, kw_only=True)
+class ArgusPlusOptions(ArgusOptions):
+    """ARGUS's options plus argus+'s parts (each an ablation switch: ``admission``,
+    ``switch_aware``, ``backlog``) and, on a deployment profile with several kinds of path
+    (:mod:`solver.unified`), the unified plan's: the path kinds it may plan (``paths``: "ac", "sm",
+    "cascade"; None: every path the profile lists), whether it plans and routes per SLO tier
+    (``tiers``), the tiers' weights in the objective and deadline multipliers (None: the
+    simulator's defaults, ``solver.paths.DEFAULT_TIER_DEADLINE``), the quality model profiled
+    offline (``class_quality``: per class, i.e. optimal level, the relative quality at each level;
+    ``cascade_tables``: per cascade light level its f_c(t) and the kept light images' quality per
+    class and threshold; None: ``solver.paths.class_quality_model`` and
+    ``solver.paths.ranked_deferral``), the interactive tier's burst headroom over the predictor's
+    margin when lower tiers share the cluster (``first_tier_headroom``) and the threshold grid
+    (``threshold_points`` points of each f(t) grid; None: all).
+    """
+
+    admission: bool = True
+    switch_aware: bool = True
+    backlog: bool = True
+    paths: tuple[str, ...] | None = None
+    tiers: bool = True
+    tier_weights: Mapping[str, float] | None = None
+    tier_slo: Mapping[str, float] | None = None
+    class_quality: Any = None
+    cascade_tables: Any = None
+    first_tier_headroom: float = 2.0
+    threshold_points: int | None = 21
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.paths is not None:
+            bad = sorted(set(self.paths) - set(STRATEGY_NAMES))
+            if bad or not self.paths:
+                raise PolicyError(f"option paths: choose among ac, sm, cascade, got {list(self.paths)}")
+        if self.threshold_points is not None and not self.threshold_points >= 2:
+            raise PolicyError(f"policy option threshold_points: must be >= 2 or None, got {self.threshold_points!r}")
+
+
+class ArgusPlus(Argus, name="argus+", family="ac"):
+    summary = "ARGUS + deadline-aware admission, switch-cost- and backlog-aware planning"
+    options_type = ArgusPlusOptions
+    options: ArgusPlusOptions
     uses_cache_similarity = True  # AC and mixed plans: is a fast AC level a hit for this prompt?
     _cache_key: tuple[str, ...] | None = None
     _cache_flags: tuple[bool, ...] = ()
@@ -39,8 +90,9 @@ class ArgusPlus(Argus):
     _k0: dict[str, float] = {}  # noqa: RUF012 - replaced per plan, never mutated
     _urouting: UnifiedRouting | None = None
 
-    def __init__(self, profile, **kwargs) -> None:
-        super().__init__(profile, **kwargs)
+    def setup(self) -> None:
+        super().setup()
+        profile = self.profile
         self.unified = self.plans_paths(profile)
         self.cascade = self.unified and bool(profile.cascade_specs)  # the simulator hands deferrals back
         self._tiers: dict[str, float] = {}

@@ -18,22 +18,27 @@ from __future__ import annotations
 import abc
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields
+from types import MappingProxyType
+from typing import Any, ClassVar
 
 import numpy as np
 
 from argusdiff.domain import Assignment, ClusterStats, Plan, Profile, Request, Strategy
 from argusdiff.errors import ConfigError
+from argusdiff.predictors import DemandPredictor, predictor_spec
 
 __all__ = [
+    "FAMILIES",
     "FLOOR_UNMET",
+    "REGISTRY",
+    "CommonOptions",
     "Policy",
     "PolicyError",
-    "PolicyOptions",
     "RouteView",
     "identity_pasm",
     "nearest_served",
+    "option_names",
     "select_worker",
     "uniform_pasm",
 ]
@@ -72,70 +77,56 @@ class RouteView:
     deferred_from: str | None = None
 
 
-@dataclass(frozen=True)
-class PolicyOptions:
-    """Knobs shared by the policies. ``slo_s`` ``None``: the profile's default (3 × slowest).
+@dataclass(frozen=True, kw_only=True)
+class CommonOptions:
+    """What every policy reads; each policy's own options dataclass extends it (``Policy.options_type``).
 
-    ``predictor``: the demand predictor every policy plans for (a name or spec string of
-    :func:`argusdiff.predictors.predictor_spec`, a :class:`~argusdiff.predictors.PredictorSpec`;
-    ``None``: the default reading, :data:`argusdiff.predictors.DEFAULT_PREDICTOR`). Its margin is
-    the headroom the plan provisions over the predicted demand.
+    ``slo_s``: the request SLO (``None``: the profile's default, 3 × its slowest level);
+    ``period_s``: the control period; ``predictor``: the demand predictor the policy plans for (a
+    name or spec string of :func:`argusdiff.predictors.predictor_spec`, a
+    :class:`~argusdiff.predictors.PredictorSpec`; ``None``: :data:`argusdiff.predictors.DEFAULT_PREDICTOR`).
+    Its margin is the headroom the plan provisions over the predicted demand.
     """
 
     slo_s: float | None = None
     period_s: float = 60.0
     predictor: Any = None
-    affinity_window: int = 1000
-    formulation: str = "aggregated"
-    backend: str = "auto"
-    switch_tolerance: float = 0.005
-    time_limit_s: float = 5.0
-    drop_factor: float = 1.5  # DiffServe drops when queue wait + runtime > drop_factor × SLO
-    fallback: Profile | None = None  # ARGUS §4.6: SM levels to switch to when the cache degrades
-    cache_latency_limit_s: float = 0.5  # median retrieval latency above this counts as degraded
-    cache_error_limit: float = 0.05  # share of failed lookups above this counts as degraded
-    switch_margin: float = 1.5  # ARGUS §4.6: capacity margin while switching AC -> SM
-    probe_periods: int = 1  # healthy periods seen by background probes before switching back
-    peak_qpm: float | None = None  # diffserve-static provisions for this demand (the anticipated peak)
-    allocation_period_s: float | None = None  # DiffServe re-solves this often (None: 5 s, its artifact)
-    # argus+ parts (ablation switches)
-    admission: bool = True
-    switch_aware: bool = True
-    backlog: bool = True
-    # argus+ on a deployment profile with several kinds of path (solver.unified): the path kinds it
-    # may plan ("ac", "sm", "cascade"; None: every path the profile lists), whether it plans and
-    # routes per SLO tier, the tiers' weights in the objective and deadline multipliers (None: the
-    # simulator's defaults, solver.paths.DEFAULT_TIER_DEADLINE)
-    paths: tuple[str, ...] | None = None
-    tiers: bool = True
-    tier_weights: Mapping[str, float] | None = None
-    tier_slo: Mapping[str, float] | None = None
-    # the unified plan's quality model, profiled offline (e.g. from a quality table and the
-    # discriminator's confidences on a prompt set): per class (optimal level) the relative quality at
-    # each level, and per cascade light level its f_c(t) and the kept light images' quality per class
-    # and threshold (None: solver.paths.class_quality_model and solver.paths.ranked_deferral)
-    class_quality: Any = None
-    cascade_tables: Any = None
-    # burst headroom of the interactive tier over the predictor's margin when lower tiers share the
-    # cluster: capacity reserved for a burst of interactive traffic before the next plan
-    first_tier_headroom: float = 2.0
-    threshold_points: int | None = 21  # the unified plan's threshold grid: this many points of each f(t) grid
+
+    def __post_init__(self) -> None:
+        if self.slo_s is not None and not self.slo_s > 0:
+            raise PolicyError(f"policy option slo_s: must be > 0, got {self.slo_s!r}")
+        if not self.period_s > 0:
+            raise PolicyError(f"policy option period_s: must be > 0, got {self.period_s!r}")
 
     @classmethod
-    def coerce(cls, config: PolicyOptions | Mapping[str, Any] | None) -> PolicyOptions:
+    def names(cls) -> frozenset[str]:
+        return frozenset(f.name for f in fields(cls))
+
+    @classmethod
+    def coerce(cls, config: CommonOptions | Mapping[str, Any] | None, *, policy: str, known: frozenset[str]) -> Any:
+        """``config`` as this options class. An instance must be of this class; a mapping may also
+        carry options of other policies (``known``: every registered policy's option names) — the
+        service and the replay hand one set to whichever policy runs — and a key no policy knows
+        is an error naming it."""
         if config is None:
             return cls()
-        if isinstance(config, PolicyOptions):
+        if isinstance(config, CommonOptions):
+            if not isinstance(config, cls):
+                raise PolicyError(
+                    f"policy {policy!r} takes {cls.__name__}, got {type(config).__name__} (pass a mapping or a "
+                    f"{cls.__name__})"
+                )
             return config
-        unknown = set(config) - set(cls.__dataclass_fields__)
+        unknown = set(config) - known
         if unknown:
             raise PolicyError(f"unknown policy option(s): {', '.join(sorted(unknown))}")
-        out = cls(**dict(config))
-        if out.paths is not None:
-            bad = sorted(set(out.paths) - {"ac", "sm", "cascade"})
-            if bad or not out.paths:
-                raise PolicyError(f"option paths: choose among ac, sm, cascade, got {list(out.paths)}")
-        return out
+        mine = cls.names()
+        return cls(**{k: v for k, v in config.items() if k in mine})
+
+
+def option_names() -> frozenset[str]:
+    """Every option name some registered policy takes."""
+    return frozenset().union(*(cls.options_type.names() for cls in _REGISTRY.values()), CommonOptions.names())
 
 
 def select_worker(workers: Sequence[str], view: RouteView, proc_s: float | Sequence[float] = 1.0) -> str | None:
@@ -169,19 +160,69 @@ def uniform_pasm(share: Sequence[float]) -> tuple[tuple[float, ...], ...]:
     return tuple(row for _ in share)
 
 
-class Policy(abc.ABC):
-    """Base class of every routing/allocation policy."""
+#: the profile family a registered policy runs on in a replay (argusdiff.replay): approximate
+#: caching (with its smaller-model fallback), the smaller-model ladder, or a light→heavy cascade
+FAMILIES = ("ac", "sm", "cascade")
 
-    name: str = "policy"
+_REGISTRY: dict[str, type[Policy]] = {}
+#: every registered policy by name, in registration order (read-only)
+REGISTRY: Mapping[str, type[Policy]] = MappingProxyType(_REGISTRY)
+
+
+class Policy(abc.ABC):
+    """Base class of every routing/allocation policy.
+
+    A concrete policy registers itself by name: ``class Argus(Policy, name="argus", family="ac")``
+    (:data:`REGISTRY`; :func:`argusdiff.policies.make_policy` builds one). It declares what it can
+    do in the typed class attributes below, its options in ``options_type`` (a dataclass extending
+    :class:`CommonOptions`), and its own state in :meth:`setup` (not ``__init__``).
+    """
+
+    name: ClassVar[str] = "policy"
+    #: the replay's profile family (:data:`FAMILIES`), set by registration
+    family: ClassVar[str] = ""
+    #: one line for listings
+    summary: ClassVar[str] = ""
+    options_type: ClassVar[type[CommonOptions]] = CommonOptions
     #: profile strategies the policy can run on
-    strategies: frozenset[Strategy] = frozenset({Strategy.AC, Strategy.SM})
+    strategies: ClassVar[frozenset[Strategy]] = frozenset({Strategy.AC, Strategy.SM})
+
+    # ---- capabilities: what the policy does, read by the simulator, the router and the replay ----
     #: whether the policy needs the classifier's optimal level in the RouteView
-    uses_classifier: bool = False
+    uses_classifier: ClassVar[bool] = False
     #: whether ``route`` reads RouteView.cache_similarity (the live router then looks it up)
-    uses_cache_similarity: bool = False
+    uses_cache_similarity: ClassVar[bool] = False
+    #: whether the control loop re-plans as soon as a model finishes loading (ARGUS §4.6)
+    replans_on_load: ClassVar[bool] = False
+    #: whether the policy switches an AC profile to a smaller-model fallback profile when the cache
+    #: degrades (ARGUS §4.6; option ``fallback``): the replay hands it its smaller-model profile
+    uses_fallback: ClassVar[bool] = False
+    #: whether the policy is provisioned once for an anticipated peak demand given in advance (option
+    #: ``peak_qpm``): the replay passes the trace's peak
+    needs_peak: ClassVar[bool] = False
+    #: whether DiffServe §4.1 runs this model-ladder baseline on a cascade's two models (the replay's
+    #: ``cascade_baselines``)
+    cascade_baseline: ClassVar[bool] = False
+    #: the demand predictor of the policy's paper or artifact (the replay's ``predictor="source"``;
+    #: docs/baselines.md gives the sources); None: it predicts nothing
+    source_predictor: ClassVar[str | None] = None
     #: whether a rejected light image of a cascade is handed to :meth:`route_heavy` (else the light
-    #: image is the answer)
+    #: image is the answer); an instance attribute: argus+ cascades only on a profile with cascades
     cascade: bool = False
+
+    def __init_subclass__(cls, *, name: str | None = None, family: str | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if name is None:
+            if family is not None:
+                raise TypeError(f"{cls.__qualname__}: family {family!r} without a name")
+            return  # a shared base (e.g. the static policies' _Static): not registered
+        if family not in FAMILIES:
+            raise TypeError(f"policy {name!r}: family must be one of {', '.join(FAMILIES)}, got {family!r}")
+        if name in _REGISTRY:
+            raise TypeError(f"policy {name!r} is registered twice ({_REGISTRY[name].__qualname__}, {cls.__qualname__})")
+        cls.name = name
+        cls.family = family
+        _REGISTRY[name] = cls
 
     def __init__(
         self,
@@ -189,7 +230,7 @@ class Policy(abc.ABC):
         *,
         rng: np.random.Generator,
         classifier: Any = None,
-        config: PolicyOptions | Mapping[str, Any] | None = None,
+        config: CommonOptions | Mapping[str, Any] | None = None,
     ) -> None:
         if not profile.strategies <= self.strategies and not (profile.strategies & self.strategies):
             raise PolicyError(
@@ -199,14 +240,21 @@ class Policy(abc.ABC):
         self.profile = profile
         self.rng = rng
         self.classifier = classifier
-        self.options = PolicyOptions.coerce(config)
+        self.options = self.options_type.coerce(config, policy=self.name, known=option_names())
         self.slo_s = self.options.slo_s if self.options.slo_s is not None else profile.default_slo_s()
-        from argusdiff.predictors import predictor_spec
-
         self.predictor_spec = predictor_spec(self.options.predictor)
         self._version = 0
-        fallback = self.options.fallback
-        self._all_levels = {lv.id: lv for p in (profile, fallback) if p is not None for lv in p.levels}
+        self.setup()
+        self._all_levels = {lv.id: lv for p in self.known_profiles() for lv in p.levels}
+
+    def setup(self) -> None:  # noqa: B027 - optional hook
+        """The policy's own checks and state, once ``profile``, ``rng``, ``classifier``,
+        ``options``, ``slo_s`` and ``predictor_spec`` are set. Default: nothing."""
+
+    def known_profiles(self) -> tuple[Profile, ...]:
+        """Every profile whose levels the policy may route to (the quality floor looks levels up
+        in them). Default: the policy's profile."""
+        return (self.profile,)
 
     # ---- control path --------------------------------------------------------------------
 
@@ -267,10 +315,8 @@ class Policy(abc.ABC):
     def on_served(self, level_id: str, latency_s: float, ok: bool) -> None:  # noqa: B027 - optional hook
         """Feedback after a request finished (``ok``: within its SLO). Default: nothing."""
 
-    def new_demand_predictor(self):
+    def new_demand_predictor(self) -> DemandPredictor:
         """A fresh :class:`~argusdiff.predictors.DemandPredictor` of this policy's reading."""
-        from argusdiff.predictors import DemandPredictor
-
         return DemandPredictor(self.predictor_spec)
 
     def describe(self) -> dict[str, Any]:

@@ -22,15 +22,13 @@ would exceed ``drop_factor`` (1.5) × SLO.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
+from argusdiff.domain import Assignment, ClusterStats, Plan, Request, Strategy
+from argusdiff.policies.base import CommonOptions, Policy, PolicyError, RouteView, select_worker
 
-from argusdiff.domain import Assignment, ClusterStats, Plan, Profile, Request, Strategy
-from argusdiff.policies.base import Policy, PolicyError, PolicyOptions, RouteView, select_worker
-
-__all__ = ["ALLOCATION_PERIOD_S", "DiffServe", "DiffServeStatic"]
+__all__ = ["ALLOCATION_PERIOD_S", "DiffServe", "DiffServeOptions", "DiffServeStatic", "DiffServeStaticOptions"]
 
 #: DiffServe artifact, src/controller/controller.py: ``allocateResources()`` runs when
 #: ``clockCounter % 5 == 0`` in a 1 s event loop
@@ -50,20 +48,47 @@ def _bucket_queue(q: int) -> int:
     return 0 if q == 0 else 1 << (q.bit_length() - 1)
 
 
-class DiffServe(Policy):
-    name = "diffserve"
+@dataclass(frozen=True, kw_only=True)
+class DiffServeOptions(CommonOptions):
+    """``backend``: the cascade MILP's backend; ``drop_factor``: a query is dropped when its queue
+    wait plus runtime would exceed this × SLO (the DiffServe artifact: 1.5); ``allocation_period_s``:
+    how often the MILP is re-solved (None: :data:`ALLOCATION_PERIOD_S`, the artifact's 5 s)."""
+
+    backend: str = "auto"
+    drop_factor: float = 1.5
+    allocation_period_s: float | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.drop_factor > 0:
+            raise PolicyError(f"policy option drop_factor: must be > 0, got {self.drop_factor!r}")
+        period = self.allocation_period_s
+        if period is not None and not period >= 0:
+            raise PolicyError(f"allocation_period_s: must be >= 0, got {period}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DiffServeStaticOptions(DiffServeOptions):
+    """``peak_qpm``: the anticipated peak demand the cascade is provisioned for, given in advance."""
+
+    peak_qpm: float | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.peak_qpm is not None and not self.peak_qpm > 0:
+            raise PolicyError(f"policy option peak_qpm: must be > 0, got {self.peak_qpm!r}")
+
+
+class DiffServe(Policy, name="diffserve", family="cascade"):
+    summary = "light->heavy cascade, discriminator threshold from the MILP each period"
+    options_type = DiffServeOptions
+    options: DiffServeOptions
     strategies = frozenset({Strategy.CASCADE})
     cascade = True
+    source_predictor = "diffserve-artifact"
 
-    def __init__(
-        self,
-        profile: Profile,
-        *,
-        rng: np.random.Generator,
-        classifier: Any = None,
-        config: PolicyOptions | Mapping[str, Any] | None = None,
-    ) -> None:
-        super().__init__(profile, rng=rng, classifier=classifier, config=config)
+    def setup(self) -> None:
+        profile = self.profile
         if profile.cascade is None:
             raise PolicyError(f"policy {self.name!r} needs a profile with a [cascade] table, got {profile.name!r}")
         self.spec = profile.cascade
@@ -72,8 +97,6 @@ class DiffServe(Policy):
         self.demand = self.new_demand_predictor()
         period = self.options.allocation_period_s
         self.allocation_period_s = ALLOCATION_PERIOD_S if period is None else float(period)
-        if not self.allocation_period_s >= 0:
-            raise PolicyError(f"allocation_period_s: must be >= 0, got {period}")
         self._plan: Plan | None = None
         self._workers_up: tuple[str, ...] = ()
         self._last_alloc = -math.inf
@@ -244,8 +267,12 @@ class DiffServe(Policy):
         return self._send(request, plan, view, self.heavy)
 
 
-class DiffServeStatic(DiffServe):
-    name = "diffserve-static"
+class DiffServeStatic(DiffServe, name="diffserve-static", family="cascade"):
+    summary = "light->heavy cascade provisioned once for the peak"
+    options_type = DiffServeStaticOptions
+    options: DiffServeStaticOptions
+    needs_peak = True
+    source_predictor = None  # provisioned for a peak given in advance: it predicts nothing
 
     def plan(self, stats: ClusterStats) -> Plan:
         peak = self.options.peak_qpm

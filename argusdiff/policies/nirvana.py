@@ -14,13 +14,14 @@ from argusdiff.policies.base import Policy, PolicyError, RouteView
 __all__ = ["Nirvana"]
 
 
-class Nirvana(Policy):
-    name = "nirvana"
+class Nirvana(Policy, name="nirvana", family="ac"):
+    summary = "approximate caching on every worker, K from cache similarity, uniform load"
     strategies = frozenset({Strategy.AC})
     uses_cache_similarity = True
+    source_predictor = "argus-paper"
 
-    def __init__(self, profile, *, rng, classifier=None, config=None) -> None:
-        super().__init__(profile, rng=rng, classifier=classifier, config=config)
+    def setup(self) -> None:
+        profile = self.profile
         if profile.strategies != {Strategy.AC}:
             raise PolicyError(f"policy 'nirvana' needs an AC profile, got {profile.name!r}")
         self.by_k = {lv.skip: lv.id for lv in profile.levels}

@@ -18,8 +18,10 @@ from argusdiff.policies.base import RouteView
 __all__ = ["Proteus"]
 
 
-class Proteus(Pac):
-    name = "proteus"
+class Proteus(Pac, name="proteus", family="sm"):
+    summary = "prompt-agnostic accuracy scaling over smaller models (ILP), random routing"
+    cascade_baseline = True
+    source_predictor = "proteus-artifact"
     strategies = frozenset({Strategy.SM, Strategy.CASCADE})
     cascade_as_ladder = True
 

@@ -10,30 +10,20 @@ loading a model whenever its choice changes.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
-
-from argusdiff.domain import Assignment, ClusterStats, Plan, Profile, Request, Strategy
-from argusdiff.policies.base import Policy, PolicyOptions, RouteView, uniform_pasm
+from argusdiff.domain import Assignment, ClusterStats, Plan, Request, Strategy
+from argusdiff.policies.base import Policy, RouteView, uniform_pasm
 
 __all__ = ["Sommelier"]
 
 
-class Sommelier(Policy):
-    name = "sommelier"
+class Sommelier(Policy, name="sommelier", family="sm"):
+    summary = "per-GPU level choice from that GPU's own load, no cluster view"
     strategies = frozenset({Strategy.SM, Strategy.AC})
+    source_predictor = "sommelier-artifact"
 
-    def __init__(
-        self,
-        profile: Profile,
-        *,
-        rng: np.random.Generator,
-        classifier: Any = None,
-        config: PolicyOptions | Mapping[str, Any] | None = None,
-    ) -> None:
-        super().__init__(profile, rng=rng, classifier=classifier, config=config)
+    def setup(self) -> None:
         # (worker, send time) of the current period: the data path appends, the control path drains
         # (a deque: both ends are thread-safe, so plan() may run in another thread without a lock)
         self.sent: deque[tuple[str, float]] = deque()

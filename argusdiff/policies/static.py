@@ -31,11 +31,13 @@ class _Static(Policy):
         return Assignment(level=level, worker=worker)
 
 
-class ClipperHA(_Static):
-    name = "clipper-ha"
+class ClipperHA(_Static, name="clipper-ha", family="sm"):
+    summary = "static: every worker at the best level"
+    cascade_baseline = True
     _fastest = False
 
 
-class ClipperHT(_Static):
-    name = "clipper-ht"
+class ClipperHT(_Static, name="clipper-ht", family="sm"):
+    summary = "static: every worker at the fastest level"
+    cascade_baseline = True
     _fastest = True

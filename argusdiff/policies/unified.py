@@ -37,8 +37,8 @@ __all__ = ["STRATEGY_NAMES", "UnifiedRouting", "tier_mix", "unified_plan"]
 #: names of the path kinds the ``paths`` option selects (ablations: argus+ without one of them)
 STRATEGY_NAMES = {"ac": Strategy.AC, "sm": Strategy.SM, "cascade": Strategy.CASCADE}
 TIER_DECAY = 0.5  # weight of the older tier mix when a period's arrivals are added
-#: the unified plan's formulation when the policy's ``formulation`` is one of Eq. 1's (aggregated,
-#: paper): the MILP; with per-class profiled f_c(t) tables the exact search's threshold intervals
+#: the unified plan's formulation (not Eq. 1's: the policy's ``formulation`` option does not apply
+#: to it): the MILP; with per-class profiled f_c(t) tables the exact search's threshold intervals
 #: prune little (docs/solver.md, "In argus+")
 UNIFIED_FORMULATION = "milp"
 
@@ -102,7 +102,7 @@ def unified_plan(
 ) -> Plan:
     """The plan of ``policy`` (an argus+ on a profile with several kinds of path) for ``stats``."""
     from solver.paths import TierSpec, nitsum_tiers, problem_from_profile, ranked_deferral
-    from solver.unified import FORMULATIONS, plan_unified, restrict
+    from solver.unified import plan_unified, restrict
 
     o = policy.options
     margin = float(policy.predictor_spec.margin)
@@ -148,7 +148,7 @@ def unified_plan(
         problem = restrict(problem, {STRATEGY_NAMES[s] for s in o.paths})
     up = plan_unified(
         problem,
-        formulation=o.formulation if o.formulation in FORMULATIONS else UNIFIED_FORMULATION,
+        formulation=UNIFIED_FORMULATION,
         backend=o.backend,
         switch_tolerance=max(o.switch_tolerance, 0.02) if o.switch_aware else o.switch_tolerance,
         time_limit_s=o.time_limit_s,

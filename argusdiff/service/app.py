@@ -23,7 +23,7 @@ import numpy as np
 
 from argusdiff.config import Settings
 from argusdiff.domain import Profile, Strategy, level_catalogue
-from argusdiff.policies import PolicyOptions, make_policy
+from argusdiff.policies import make_policy
 from argusdiff.profile import PROFILE_DIR, load_profile
 from argusdiff.service.caches import build_cache
 from argusdiff.service.dispatch import LocalDispatch, RedisDispatch
@@ -64,21 +64,24 @@ def served_sizes(settings: Settings, profile: Profile) -> tuple[str, ...]:
     return tuple(dict.fromkeys(sizes)) or ("512x512",)
 
 
-def policy_options(settings: Settings, profile: Profile, fallback: Profile | None) -> PolicyOptions:
+def policy_options(settings: Settings, profile: Profile, fallback: Profile | None) -> dict[str, Any]:
+    """The policy options the settings give, as one mapping: whichever policy ``[service] policy``
+    names takes its own (:func:`argusdiff.policies.make_policy`)."""
     s = settings.service
-    return PolicyOptions(
-        slo_s=profile.default_slo_s(),
-        period_s=s.control_period_s,
-        predictor=settings.predictor.demand,
-        affinity_window=settings.predictor.affinity_window,
-        backend=settings.solver.backend,
-        switch_tolerance=settings.solver.switch_tolerance,
-        time_limit_s=settings.solver.time_limit_s,
-        fallback=fallback,
-        cache_latency_limit_s=s.cache_latency_threshold_s,
-        cache_error_limit=s.cache_error_threshold,
-        switch_margin=s.switch_margin,
-    )
+    return {
+        "slo_s": profile.default_slo_s(),
+        "period_s": s.control_period_s,
+        "predictor": settings.predictor.demand,
+        "affinity_window": settings.predictor.affinity_window,
+        "formulation": settings.solver.formulation,
+        "backend": settings.solver.backend,
+        "switch_tolerance": settings.solver.switch_tolerance,
+        "time_limit_s": settings.solver.time_limit_s,
+        "fallback": fallback,
+        "cache_latency_limit_s": s.cache_latency_threshold_s,
+        "cache_error_limit": s.cache_error_threshold,
+        "switch_margin": s.switch_margin,
+    }
 
 
 def load_classifier(settings: Settings, profile: Profile) -> Any:
@@ -149,11 +152,11 @@ class Service:
         if cache is None and real_workers:
             cache = build_cache(settings, self.profile)
         self.cache = cache
-        if cache_similarity is None and getattr(self.policy, "uses_cache_similarity", False):
+        if cache_similarity is None and self.policy.uses_cache_similarity:
             cache_similarity = self._cache_view(cache)
         self.cache_similarity = cache_similarity
         self.prompt_pass = None
-        both = getattr(self.policy, "uses_classifier", False) and getattr(self.policy, "uses_cache_similarity", False)
+        both = self.policy.uses_classifier and self.policy.uses_cache_similarity
         if both and cache_similarity is not None:
             from argusdiff.service.prompt_pass import PromptPass
 
@@ -244,7 +247,7 @@ class Service:
         """The live drift-retraining loop (:mod:`argusdiff.service.drift`) when ``[classifier]
         drift_sample`` > 0, the policy routes by the classifier and a trained one is loaded."""
         c = self.settings.classifier
-        uses = getattr(self.policy, "uses_classifier", False)
+        uses = self.policy.uses_classifier
         if uses and hasattr(classifier, "version"):
             self.metrics.classifier_version.set(classifier.version)
         if not c.drift_sample > 0:
@@ -266,7 +269,7 @@ class Service:
         the policy routes without a classifier."""
         if self.drift is not None:
             return self.drift.status()
-        if not getattr(self.policy, "uses_classifier", False):
+        if not self.policy.uses_classifier:
             return None
         return {
             "version": int(getattr(self.classifier, "version", 1)),

@@ -102,9 +102,9 @@ class Router:
         self.dispatch = dispatch
         self.metrics = metrics
         self.config = config
-        self.classifier = classifier if getattr(policy, "uses_classifier", False) else None
+        self.classifier = classifier if policy.uses_classifier else None
         # the cache-similarity view (argusdiff.service.similarity), for policies that read it
-        self.similarity = similarity if getattr(policy, "uses_cache_similarity", False) else None
+        self.similarity = similarity if policy.uses_cache_similarity else None
         # both: one encoder pass per prompt for the two (argusdiff.service.prompt_pass)
         both = self.classifier is not None and self.similarity is not None
         self.prompt_pass = prompt_pass if both else None

@@ -214,7 +214,7 @@ class Simulator:
             for lv in self.levels.values()
             if lv.strategy is Strategy.AC
         }
-        self.cascade = bool(getattr(policy, "cascade", False))
+        self.cascade = policy.cascade
         # light level id -> its pair (every pair the policy's profile lists)
         self.specs = {c.light: c for c in policy.profile.cascade_specs} if self.cascade else {}
         self.confidences: dict[str, np.ndarray] = {}
@@ -237,7 +237,7 @@ class Simulator:
                 self.model_memory.setdefault(lv.model, lv.memory_gb)
         mems = [p.gpu_memory_gb for p in profiles if p.gpu_memory_gb is not None]
         self.gpu_memory = min(mems) if mems else None
-        self.replans_on_load = bool(getattr(policy, "replans_on_load", False))
+        self.replans_on_load = policy.replans_on_load
         if policy.profile.ids not in workload.optimal:
             workload.optimal_for(policy.profile)  # a merged ladder: derive its optimal levels up front
 
@@ -475,7 +475,7 @@ class Simulator:
         if self.progress is not None:
             self.progress(1.0)
         desc = policy.describe()
-        desc["classifier"] = wl.classifier if getattr(policy, "uses_classifier", False) else "none"
+        desc["classifier"] = wl.classifier if policy.uses_classifier else "none"
         if desc["classifier"] != "none" and wl.derived_optimal.get(policy.profile.ids):
             desc["classifier"] = wl.derived_optimal[policy.profile.ids]
         return SimResult(
