@@ -19,7 +19,7 @@ so "relative quality" (vs each prompt's best level) is comparable across them. W
 it runs by default. Its quality table is composed per strategy (:mod:`traces.synthetic`); a level it
 shares with another profile takes that profile's scores, so every policy sees the same quality of
 the same level. With ``ablation`` it also runs without cascades, AC, SM or tiers
-(:data:`UNIFIED_ABLATIONS`). :func:`domination` is the check that no policy has both fewer or equal
+(``Policy.path_ablations``). :func:`domination` is the check that no policy has both fewer or equal
 violations and higher or equal relative quality than it, one of the two strictly.
 
 Every policy plans with the same demand predictor (``predictor``; ``"source"`` gives each policy
@@ -47,15 +47,17 @@ from traces.synthetic import synthetic_confidence as _cascade_confidence
 __all__ = [
     "DEFAULT_POLICIES",
     "DEFAULT_TRACE",
-    "UNIFIED_ABLATIONS",
     "UNIFIED_LABEL",
     "ReplayResult",
     "ReplaySpec",
     "cluster_capacity_qpm",
     "domination",
+    "mixed_label",
     "prepare",
     "run_replay",
     "scale_to_peak",
+    "unified_label",
+    "variant_runs",
 ]
 
 DEFAULT_TRACE = "bursty:low=40,high=160,period=5m,duration=30m"
@@ -134,21 +136,46 @@ class ReplayResult:
     summaries: dict[str, dict[str, Any]]
 
 
-MIXED_LABEL = "argus+ (AC+SM)"
+def unified_label(name: str) -> str:
+    """The label of policy ``name``'s run on the unified profile (``Policy.plans_unified``)."""
+    return f"{name} (unified)"
 
-ABLATIONS = {
-    "argus+ -admission": {"admission": False},
-    "argus+ -backlog": {"backlog": False},
-    "argus+ -switch": {"switch_aware": False},
-}
-UNIFIED_LABEL = "argus+ (unified)"
-#: argus+ on the unified profile with one kind of path (or the tiers) taken away
-UNIFIED_ABLATIONS = {
-    "argus+ (unified) -cascades": {"paths": ("ac", "sm")},
-    "argus+ (unified) -AC": {"paths": ("sm", "cascade")},
-    "argus+ (unified) -SM": {"paths": ("ac", "cascade")},
-    "argus+ (unified) -tiers": {"tiers": False},
-}
+
+def mixed_label(name: str) -> str:
+    """The label of policy ``name``'s run on the merged AC+SM ladder (``Policy.plans_mixed``)."""
+    return f"{name} (AC+SM)"
+
+
+#: the report's subject: argus+ on the unified profile (its domination check, docs/results.md)
+UNIFIED_LABEL = unified_label("argus+")
+
+
+def variant_runs(spec: ReplaySpec) -> list[tuple[str, str, dict[str, Any], str | None]]:
+    """Every simulated run of ``spec`` as ``(label, policy, extra options, profile)``: each policy
+    of ``spec.policies`` on its family's profile (``profile`` None); with ``ablation``, each
+    registered policy's ``ablations``; with ``unified``, each selected policy that plans a unified
+    profile (``plans_unified``) on ``"unified"``, and its ``path_ablations`` with ``ablation``; with
+    ``mixed``, each registered policy that plans a merged ladder (``plans_mixed``) on ``"mixed"``."""
+    from argusdiff.policies import POLICIES, policy_class
+
+    runs: list[tuple[str, str, dict[str, Any], str | None]] = [(n, n, {}, None) for n in spec.policies]
+    if spec.ablation:
+        for name, cls in POLICIES.items():
+            runs += [(f"{name} {suffix}", name, dict(opts), None) for suffix, opts in cls.ablations.items()]
+    if spec.unified:
+        for name in spec.policies:
+            cls = policy_class(name)
+            if not cls.plans_unified:
+                continue
+            label = unified_label(name)
+            runs.append((label, name, {}, "unified"))
+            if spec.ablation:
+                runs += [
+                    (f"{label} {suffix}", name, dict(opts), "unified") for suffix, opts in cls.path_ablations.items()
+                ]
+    if spec.mixed:
+        runs += [(mixed_label(name), name, {}, "mixed") for name, cls in POLICIES.items() if cls.plans_mixed]
+    return runs
 
 
 def _load_profiles(spec: ReplaySpec) -> dict[str, Profile]:
@@ -444,24 +471,13 @@ def run_replay(
     provenance["tier_slo"] = tier_slo
     admission = _admission(spec.admission)
     provenance["admission"] = admission.describe()
-    runs: list[tuple[str, str, dict[str, Any]]] = [(n, n, {}) for n in spec.policies]
-    if spec.ablation:
-        runs += [(label, "argus+", opts) for label, opts in ABLATIONS.items()]
-    override: dict[str, Profile] = {}
-    if spec.unified and "argus+" in spec.policies:
-        runs.append((UNIFIED_LABEL, "argus+", {}))
-        override[UNIFIED_LABEL] = profiles["unified"]
-        if spec.ablation:
-            for label, opts in UNIFIED_ABLATIONS.items():
-                runs.append((label, "argus+", opts))
-                override[label] = profiles["unified"]
     if spec.mixed:
         from argusdiff.policies.mixed import merged_ladder
 
         if profiles["ac"].strategies != {Strategy.AC}:
             raise ConfigError(f"--mixed: --profile must be an approximate-caching profile, got {profiles['ac'].name!r}")
-        runs.append((MIXED_LABEL, "argus+", {}))
-        override[MIXED_LABEL] = merged_ladder(profiles["ac"], profiles["sm"])
+        profiles = {**profiles, "mixed": merged_ladder(profiles["ac"], profiles["sm"])}
+    runs = variant_runs(spec)
     profiled: dict[str, dict[str, Any]] = {}
     results: dict[str, Any] = {}
     minutes: dict[str, dict[str, np.ndarray]] = {}
@@ -485,10 +501,10 @@ def run_replay(
         if spec.predictor == "source"
         else predictor_spec(spec.predictor).describe()
     )
-    for label, name, extra in runs:
+    for label, name, extra, on in runs:
         cls = policy_class(name)
         fam = "cascade" if spec.cascade_baselines and cls.cascade_baseline else cls.family
-        prof = override.get(label, profiles[fam])
+        prof = profiles[on or fam]
         if not prof.strategies & cls.strategies:
             kinds = "/".join(sorted(s.value for s in cls.strategies))
             have = "/".join(sorted(s.value for s in prof.strategies))

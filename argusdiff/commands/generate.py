@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(wcfg.torch_threads)
     registry = ModelRegistry.from_config(wcfg)
-    registry.spec(level.model)  # unknown model: a clear error before anything loads
+    model_spec = registry.spec(level.model)  # unknown model: a clear error before anything loads
     cache = None
     if args.cache:
         if level.strategy.value != "ac":
@@ -170,6 +170,6 @@ def run(args: argparse.Namespace) -> int:
         f"{result.unet_calls} UNet calls, denoise {t.get('denoise_s', 0):.3f} s, decode {t.get('decode_s', 0):.3f} s"
         f"{extra})"
     )
-    if profile.gpu == "cpu" and level.model.startswith("demo-"):
+    if model_spec.source.startswith("demo:"):  # the registry builds it from a config: random weights
         print("note: demo models have random weights: this checks the pipeline, not image quality", file=sys.stderr)
     return 0

@@ -230,8 +230,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet and sys.stderr.isatty():
         from tqdm import tqdm
 
-        unified_runs = (1 + (4 if args.ablation else 0)) if not args.no_unified and "argus+" in policies else 0
-        n_runs = len(policies) + (3 if args.ablation else 0) + (1 if args.mixed else 0) + unified_runs
+        from argusdiff.replay import variant_runs
+
+        n_runs = len(variant_runs(spec))
         bar = tqdm(
             total=n_runs * 100,
             desc="replay",

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from argusdiff.domain import Assignment, ClusterStats, Plan, Request, Strategy
@@ -84,6 +85,21 @@ class ArgusPlus(Argus, name="argus+", family="ac"):
     options_type = ArgusPlusOptions
     options: ArgusPlusOptions
     uses_cache_similarity = True  # AC and mixed plans: is a fast AC level a hit for this prompt?
+    plans_unified = True
+    plans_mixed = True
+    # each part switched off in turn (docs/policies.md, "argus+")
+    ablations = MappingProxyType(
+        {"-admission": {"admission": False}, "-backlog": {"backlog": False}, "-switch": {"switch_aware": False}}
+    )
+    # the unified plan with one kind of path (or the tiers) taken away
+    path_ablations = MappingProxyType(
+        {
+            "-cascades": {"paths": ("ac", "sm")},
+            "-AC": {"paths": ("sm", "cascade")},
+            "-SM": {"paths": ("ac", "cascade")},
+            "-tiers": {"tiers": False},
+        }
+    )
     _cache_key: tuple[str, ...] | None = None
     _cache_flags: tuple[bool, ...] = ()
     _mixed: bool = False
@@ -99,7 +115,7 @@ class ArgusPlus(Argus, name="argus+", family="ac"):
         self._hit_rate = 1.0
 
     def plans_paths(self, profile) -> bool:
-        return bool(profile.cascades)
+        return self.plans_unified and bool(profile.cascades)
 
     def plan(self, stats: ClusterStats) -> Plan:
         if not self.unified:

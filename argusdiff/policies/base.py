@@ -206,6 +206,16 @@ class Policy(abc.ABC):
     #: the demand predictor of the policy's paper or artifact (the replay's ``predictor="source"``;
     #: docs/baselines.md gives the sources); None: it predicts nothing
     source_predictor: ClassVar[str | None] = None
+    #: whether the policy plans a deployment profile that lists every kind of path (``[[cascades]]``
+    #: beside AC and smaller-model levels) in one unified plan: the replay adds its run on such a profile
+    plans_unified: ClassVar[bool] = False
+    #: whether the policy plans a merged AC+SM ladder (:func:`argusdiff.policies.mixed.merged_ladder`):
+    #: the replay's ``mixed`` run
+    plans_mixed: ClassVar[bool] = False
+    #: the replay's ablation runs of the policy (label suffix -> options that switch one part off),
+    #: and of its unified plan (``plans_unified``)
+    ablations: ClassVar[Mapping[str, Mapping[str, Any]]] = MappingProxyType({})
+    path_ablations: ClassVar[Mapping[str, Mapping[str, Any]]] = MappingProxyType({})
     #: whether a rejected light image of a cascade is handed to :meth:`route_heavy` (else the light
     #: image is the answer); an instance attribute: argus+ cascades only on a profile with cascades
     cascade: bool = False

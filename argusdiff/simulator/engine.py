@@ -190,10 +190,11 @@ class Simulator:
         cfg = self.cfg
         self.slo_s = cfg.slo_s if cfg.slo_s is not None else policy.profile.default_slo_s()
         self._request_slos()
+        # the policy's profile and any it may switch to (ARGUS's smaller-model fallback)
         profiles: list[Profile] = [policy.profile]
-        fb = getattr(policy.options, "fallback", None)
-        if fb is not None and fb.name != policy.profile.name:
-            profiles.append(fb)
+        for other in policy.known_profiles():
+            if other.name not in {p.name for p in profiles}:
+                profiles.append(other)
         self.profiles = profiles
         for prof in profiles:
             missing = [lv for lv in prof.ids if lv not in workload.quality]
