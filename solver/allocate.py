@@ -42,6 +42,7 @@ import numpy as np
 
 from argusdiff.domain import ApproxLevel
 from argusdiff.errors import ConfigError
+from solver import DEFAULT_FORMULATION
 from solver.backends import check_backend, solve_milp
 from solver.exact import ExactSolver, NodeLimit
 from solver.model import EPS, LevelData, greedy_loads, level_data, switch_cost
@@ -369,7 +370,7 @@ def allocate(
     demand_qpm: float,
     *,
     current: Mapping[str, str | None] | None = None,
-    formulation: str = "aggregated",
+    formulation: str = DEFAULT_FORMULATION,
     backend: str = "auto",
     switch_tolerance: float = 0.005,
     margin: float = 1.0,

@@ -215,3 +215,79 @@ def test_argus_plus_serves_hopeless_requests_best_effort_at_the_fastest_level(pr
     )
     a = pol.route(req, plan, view)
     assert not a.best_effort and a.level == sm.fastest.id and a.worker == "w1"
+
+
+def test_policies_register_themselves_with_name_and_family():
+    from argusdiff.policies.base import FAMILIES, Policy
+
+    for name, cls in POLICIES.items():
+        assert cls.name == name and cls.family in FAMILIES
+    assert [n for n, c in POLICIES.items() if c.family == "cascade"] == list(FAMILY_CASCADE)
+
+    class Probe(Policy, name="test-probe", family="sm"):
+        def plan(self, stats):
+            return self.static_plan(stats, self.profile.levels[0].id)
+
+        def route(self, request, plan, view):
+            return None
+
+    try:
+        assert POLICIES["test-probe"] is Probe and Probe.family == "sm"
+        with pytest.raises(TypeError, match="registered twice"):
+
+            class Again(Policy, name="test-probe", family="sm"):
+                pass
+
+        with pytest.raises(TypeError, match="family"):
+
+            class Odd(Policy, name="test-odd", family="gpu"):
+                pass
+
+        assert "test-odd" not in POLICIES
+    finally:
+        import argusdiff.policies.base as base
+
+        base._REGISTRY.pop("test-probe", None)  # REGISTRY is a read-only view of it
+    assert "test-probe" not in POLICIES
+
+
+def test_each_policy_takes_its_own_validated_options(profiles):
+    from argusdiff.policies.argus import ArgusOptions
+    from argusdiff.policies.diffserve import DiffServeStaticOptions
+
+    rng = np.random.default_rng(0)
+    # one mapping for whichever policy runs (the service's and the replay's): each takes its own
+    shared = {"period_s": 30.0, "backend": "highs", "peak_qpm": 50.0, "fallback": profiles["sm"]}
+    argus = make_policy("argus", profiles["ac"], rng=rng, config=shared)
+    static = make_policy("diffserve-static", profiles["cascade"], rng=rng, config=shared)
+    clipper = make_policy("clipper-ha", profiles["sm"], rng=rng, config=shared)
+    assert type(argus.options) is ArgusOptions and argus.options.fallback is profiles["sm"]
+    assert not hasattr(argus.options, "peak_qpm")
+    assert type(static.options) is DiffServeStaticOptions and static.options.peak_qpm == 50.0
+    assert not hasattr(clipper.options, "backend") and clipper.options.period_s == 30.0
+    for name, profile, bad, field in (
+        ("diffserve-static", "cascade", {"peak_qpm": -1.0}, "peak_qpm"),
+        ("diffserve", "cascade", {"drop_factor": 0.0}, "drop_factor"),
+        ("argus", "ac", {"affinity_window": 0}, "affinity_window"),
+        ("argus+", "ac", {"paths": ("ac", "gpu")}, "paths"),
+        ("nirvana", "ac", {"period_s": -5.0}, "period_s"),
+    ):
+        with pytest.raises(PolicyError, match=field):
+            make_policy(name, profiles[profile], rng=rng, config=bad)
+    # an options object must be the policy's own kind
+    with pytest.raises(PolicyError, match="DiffServeOptions"):
+        make_policy("diffserve", profiles["cascade"], rng=rng, config=ArgusOptions())
+
+
+def test_the_formulation_has_one_default_and_the_service_passes_it_on(profiles):
+    from argusdiff.config import Settings
+    from argusdiff.service.app import policy_options
+    from solver import DEFAULT_FORMULATION
+
+    assert Settings().solver.formulation == DEFAULT_FORMULATION
+    pol = make_policy("argus", profiles["ac"], rng=np.random.default_rng(0))
+    assert pol.options.formulation == DEFAULT_FORMULATION
+    settings = Settings(solver={"formulation": "aggregated"})
+    opts = policy_options(settings, profiles["ac"], profiles["sm"])
+    pol = make_policy("argus+", profiles["ac"], rng=np.random.default_rng(0), config=opts)
+    assert pol.options.formulation == "aggregated" and pol.options.fallback is profiles["sm"]

@@ -201,3 +201,28 @@ def test_time_scaled_profile_scales_every_time_and_throughput(sm):
         assert f.load_time_s == pytest.approx(lv.load_time_s * 0.05)
         assert f.peak_qpm == pytest.approx(lv.peak_qpm / 0.05)
     assert fast.default_slo_s() == pytest.approx(sm.default_slo_s() * 0.05)
+
+
+def test_cascade_profiles_name_their_diffserve_pair():
+    """Which measured confidences a pair replays with is profile data, not a match on level ids."""
+    shipped = {
+        name: load_profile(name).cascade.diffserve_pair for name in ("cascade-sdturbo-sdv15", "cascade-sdxs-sdv15")
+    }
+    assert shipped == {"cascade-sdturbo-sdv15": "sdturbo", "cascade-sdxs-sdv15": "sdxs"}
+    assert load_profile("cascade-sdxlltn-sdxl").cascade.diffserve_pair == "sdxlltn"
+    unified = load_profile("unified-a100")
+    assert {c.light: c.diffserve_pair for c in unified.cascade_specs} == {
+        "sdxl-lightning": "sdxlltn",
+        "sdturbo": "sdturbo",
+        "sdxs": "sdxs",
+    }
+    assert load_profile("demo-cpu-cascade").cascade.diffserve_pair is None
+    cascade = {
+        "light": "fast",
+        "heavy": "slow",
+        "discriminator_latency_s": 0.01,
+        "thresholds": [0, 1],
+        "deferral": [0, 1],
+    }
+    message = _bad(lambda d: d.update(cascade={**cascade, "diffserve_pair": 3}))
+    assert "cascade" in message and "diffserve_pair" in message
