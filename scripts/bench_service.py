@@ -131,7 +131,7 @@ async def _live_replay(service, arrivals, prompts, warm) -> list[tuple[float, st
         start = time.time() - service.control.period_s
         for t in warm[2]:
             router.arrival_seconds[int(start + t)] += 1
-        if hasattr(service.policy, "demand"):  # forget the start-up plan's 0-QPM observation
+        if service.policy.demand is not None:  # forget the start-up plan's 0-QPM observation
             service.policy.demand = service.policy.new_demand_predictor()
         service.control.last_tick = time.time() - service.control.period_s  # one full period
         plan = await service.control.tick()

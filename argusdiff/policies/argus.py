@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from argusdiff.domain import Assignment, ClusterStats, Plan, Profile, Request, Strategy
 from argusdiff.policies.base import (
@@ -43,6 +44,7 @@ from argusdiff.policies.base import (
     select_worker,
     uniform_pasm,
 )
+from argusdiff.policies.state import export_histograms, export_scalars, import_histograms, import_scalars
 from argusdiff.predictors import AffinityHistogram
 from solver import DEFAULT_FORMULATION
 
@@ -136,6 +138,27 @@ class Argus(Policy, name="argus", family="ac"):
 
     def known_profiles(self) -> tuple[Profile, ...]:
         return tuple(p for p in (self.profile, self.options.fallback) if p is not None)
+
+    #: plain numeric state a successor continues (the AC<->SM switch's counters)
+    state_scalars: tuple[str, ...] = ("healthy_periods", "switches_to_sm", "switches_to_ac")
+
+    def export_state(self) -> dict[str, Any]:
+        return {
+            **super().export_state(),
+            "histograms": export_histograms(self.histograms),
+            "active": self.active.name,
+            "scalars": export_scalars(self, self.state_scalars),
+        }
+
+    def import_state(self, data: Mapping[str, Any]) -> list[str]:
+        taken = super().import_state(data)
+        taken += import_histograms(self.histograms, data.get("histograms"))
+        for prof in (self.primary, self.fallback):
+            if prof is not None and prof.name == data.get("active"):
+                self.active = prof
+                taken.append("active")
+                break
+        return taken + import_scalars(self, self.state_scalars, data.get("scalars"))
 
     cascade_as_ladder = False  # Proteus runs a cascade profile's two models as a two-level ladder
 

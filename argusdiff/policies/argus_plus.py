@@ -30,6 +30,7 @@ from argusdiff.domain import Assignment, ClusterStats, Plan, Request, Strategy
 from argusdiff.policies.argus import Argus, ArgusOptions
 from argusdiff.policies.base import PolicyError, RouteView, select_worker
 from argusdiff.policies.mixed import is_mixed, miss_fallback, needs_cache
+from argusdiff.policies.state import import_mapping
 from argusdiff.policies.unified import (
     STRATEGY_NAMES,
     UnifiedRouting,
@@ -113,6 +114,15 @@ class ArgusPlus(Argus, name="argus+", family="ac"):
         self.cascade = self.unified and bool(profile.cascade_specs)  # the simulator hands deferrals back
         self._tiers: dict[str, float] = {}
         self._hit_rate = 1.0
+
+    state_scalars = (*Argus.state_scalars, "_hit_rate")
+
+    def export_state(self) -> dict[str, Any]:
+        return {**super().export_state(), "_tiers": dict(self._tiers)}
+
+    def import_state(self, data: Mapping[str, Any]) -> list[str]:
+        taken = super().import_state(data)
+        return [*taken, "_tiers"] if import_mapping(self._tiers, data.get("_tiers")) else taken
 
     def plans_paths(self, profile) -> bool:
         return self.plans_unified and bool(profile.cascades)

@@ -26,6 +26,7 @@ import numpy as np
 
 from argusdiff.domain import Assignment, ClusterStats, Plan, Profile, Request, Strategy
 from argusdiff.errors import ConfigError
+from argusdiff.policies.state import import_demand
 from argusdiff.predictors import DemandPredictor, predictor_spec
 
 __all__ = [
@@ -219,6 +220,8 @@ class Policy(abc.ABC):
     #: whether a rejected light image of a cascade is handed to :meth:`route_heavy` (else the light
     #: image is the answer); an instance attribute: argus+ cascades only on a profile with cascades
     cascade: bool = False
+    #: the cluster demand predictor ``plan()`` reads (None: the policy predicts no cluster demand)
+    demand: DemandPredictor | None = None
 
     def __init_subclass__(cls, *, name: str | None = None, family: str | None = None, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -324,6 +327,23 @@ class Policy(abc.ABC):
 
     def on_served(self, level_id: str, latency_s: float, ok: bool) -> None:  # noqa: B027 - optional hook
         """Feedback after a request finished (``ok``: within its SLO). Default: nothing."""
+
+    # ---- the state a successor continues (argusdiff.policies.state) -------------------------
+
+    def export_state(self) -> dict[str, Any]:
+        """The control-path state ``plan()`` keeps (JSON-able parts beside the version): the demand
+        predictor; a policy with more state adds its parts."""
+        return {} if self.demand is None else {"demand": self.demand.state()}
+
+    def import_state(self, data: Mapping[str, Any]) -> list[str]:
+        """Take the parts of ``data`` (exported by this policy kind) that still fit; returns their names."""
+        if self.demand is None:
+            return []
+        taken = import_demand(self.demand, data.get("demand"))
+        if taken is None:
+            return []
+        self.demand = taken
+        return ["demand"]
 
     def new_demand_predictor(self) -> DemandPredictor:
         """A fresh :class:`~argusdiff.predictors.DemandPredictor` of this policy's reading."""

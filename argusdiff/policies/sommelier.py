@@ -10,10 +10,12 @@ loading a model whenever its choice changes.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from typing import Any
 
 from argusdiff.domain import Assignment, ClusterStats, Plan, Request, Strategy
 from argusdiff.policies.base import Policy, RouteView, uniform_pasm
+from argusdiff.policies.state import import_mapping
 
 __all__ = ["Sommelier"]
 
@@ -27,10 +29,17 @@ class Sommelier(Policy, name="sommelier", family="sm"):
         # (worker, send time) of the current period: the data path appends, the control path drains
         # (a deque: both ends are thread-safe, so plan() may run in another thread without a lock)
         self.sent: deque[tuple[str, float]] = deque()
-        self.demand: dict[str, Any] = {}  # worker -> its own DemandPredictor
+        self.worker_demand: dict[str, Any] = {}  # worker -> its own DemandPredictor
         self.rate: dict[str, float] = {}
         self.choice: dict[str, str] = {}
         self._up: list[str] = []
+
+    def export_state(self) -> dict[str, Any]:
+        return {"rate": dict(self.rate), "choice": dict(self.choice)}
+
+    def import_state(self, data: Mapping[str, Any]) -> list[str]:
+        parts = {"rate": self.rate, "choice": self.choice}
+        return [name for name, mine in parts.items() if import_mapping(mine, data.get(name))]
 
     def _pick(self, qpm: float) -> str:
         for lv in self.profile.levels:  # best first
@@ -53,9 +62,9 @@ class Sommelier(Policy, name="sommelier", family="sm"):
                     break
                 sent.setdefault(w, []).append(t)
         for w in stats.workers:
-            pred = self.demand.get(w)
+            pred = self.worker_demand.get(w)
             if pred is None:
-                pred = self.demand[w] = self.new_demand_predictor()
+                pred = self.worker_demand[w] = self.new_demand_predictor()
             if stats.reason == "period":
                 times = sent.get(w, [])
                 bins = [0] * nb

@@ -14,10 +14,12 @@ optional, and a policy imports only the fields it has):
 * ``histograms`` — each affinity histogram H (:class:`~argusdiff.predictors.AffinityHistogram`)
   by profile name: the optimal levels of its last ``window`` prompts, oldest first;
 * ``active`` — the name of the profile in force (ARGUS's AC↔SM switch) and the switch counters;
-* move hysteresis; Sommelier's per-worker rate EWMA and choice; argus+'s observed cache hit rate
-  and SLO tier mix (unified plans).
+* Sommelier's per-worker rate EWMA and choice; argus+'s observed cache hit rate and SLO tier mix
+  (unified plans).
 
-Data-path caches (routing tables, solver memos) are not state: they are rebuilt from the plan.
+Each policy exports and imports its own parts (``Policy.export_state`` / ``Policy.import_state``,
+built from the helpers here); this module frames them (format, policy name, version). Data-path
+caches (routing tables, solver memos) are not state: they are rebuilt from the plan.
 Import skips what no longer fits (a histogram whose levels changed, an unknown active profile),
 so a router with a changed configuration starts those parts afresh instead of failing.
 """
@@ -25,14 +27,28 @@ so a router with a changed configuration starts those parts afresh instead of fa
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["STATE_FORMAT", "export_state", "import_state"]
+from argusdiff.errors import ConfigError
+from argusdiff.predictors import AffinityHistogram, DemandPredictor
+
+if TYPE_CHECKING:
+    from argusdiff.policies.base import Policy
+
+__all__ = [
+    "STATE_FORMAT",
+    "export_histograms",
+    "export_scalars",
+    "export_state",
+    "import_demand",
+    "import_histograms",
+    "import_mapping",
+    "import_scalars",
+    "import_state",
+]
 
 STATE_FORMAT = 1
-
-# plain numeric fields, by attribute name (all optional)
-_SCALARS = ("healthy_periods", "switches_to_sm", "switches_to_ac", "_last_move", "_last_dir", "_hit_rate")
 
 
 def _num(x: Any) -> float | int | None:
@@ -41,85 +57,80 @@ def _num(x: Any) -> float | int | None:
     return x if math.isfinite(float(x)) else None
 
 
-def _export_demand(d: Any) -> dict[str, Any]:
-    return d.state()
+# ---- the parts a policy's own export_state / import_state are made of ----------------------------
 
 
-def _import_demand(policy: Any, data: dict[str, Any]) -> bool:
-    """Replace the policy's predictor with the exported one when both read demand the same way."""
-    from argusdiff.errors import ConfigError
-    from argusdiff.predictors import DemandPredictor
-
+def import_demand(current: DemandPredictor, data: Any) -> DemandPredictor | None:
+    """The exported demand predictor when it reads demand as ``current`` does, else None (the
+    configuration changed: the predictor starts afresh)."""
+    if not isinstance(data, dict):
+        return None
     try:
         taken = DemandPredictor.from_state(data)
     except ConfigError:
-        return False
-    if taken.spec != policy.demand.spec:
-        return False  # the configuration changed: the predictor starts afresh
-    policy.demand = taken
-    return True
+        return None
+    return taken if taken.spec == current.spec else None
 
 
-def export_state(policy: Any) -> dict[str, Any]:
-    """The control-path state of ``policy`` as a JSON-able dict."""
-    out: dict[str, Any] = {"format": STATE_FORMAT, "policy": policy.name, "version": int(policy._version)}
-    demand = getattr(policy, "demand", None)
-    if demand is not None and hasattr(demand, "state"):
-        out["demand"] = _export_demand(demand)
-    histograms = getattr(policy, "histograms", None)
-    if isinstance(histograms, dict):
-        out["histograms"] = {
-            name: {"levels": list(h.level_ids), "recent": list(h._recent)} for name, h in histograms.items()
-        }
-    active = getattr(policy, "active", None)
-    if active is not None and hasattr(active, "name"):
-        out["active"] = active.name
-    scalars = {k: _num(getattr(policy, k)) for k in _SCALARS if hasattr(policy, k)}
-    out["scalars"] = {k: v for k, v in scalars.items() if v is not None}
-    for name in ("rate", "choice", "_tiers"):  # sommelier: per-worker rate EWMA and chosen level; argus+: tier mix
-        value = getattr(policy, name, None)
-        if isinstance(value, dict):
-            out[name] = dict(value)
-    return out
+def export_histograms(histograms: Mapping[str, AffinityHistogram]) -> dict[str, Any]:
+    return {name: {"levels": list(h.level_ids), "recent": list(h._recent)} for name, h in histograms.items()}
 
 
-def import_state(policy: Any, data: dict[str, Any]) -> list[str]:
-    """Load ``data`` (from :func:`export_state`) into ``policy``; returns the parts taken.
-
-    A state exported by another policy kind is ignored as a whole (returns ``[]``)."""
-    if not isinstance(data, dict) or data.get("policy") != policy.name or data.get("format") != STATE_FORMAT:
-        return []
+def import_histograms(histograms: dict[str, AffinityHistogram], data: Any) -> list[str]:
+    """Replace each histogram of ``histograms`` whose levels are those exported; returns the parts taken."""
     taken: list[str] = []
-    policy._version = max(int(policy._version), int(data.get("version", 0)))
-    taken.append("version")
-    demand = getattr(policy, "demand", None)
-    has_demand = demand is not None and hasattr(demand, "state") and isinstance(data.get("demand"), dict)
-    if has_demand and _import_demand(policy, data["demand"]):
-        taken.append("demand")
-    histograms = getattr(policy, "histograms", None)
-    for name, h in (data.get("histograms") or {}).items():
-        mine = histograms.get(name) if isinstance(histograms, dict) else None
-        if mine is None or list(mine.level_ids) != list(h.get("levels", ())):
+    for name, h in (data or {}).items() if isinstance(data, dict) else ():
+        mine = histograms.get(name)
+        if mine is None or not isinstance(h, dict) or list(mine.level_ids) != list(h.get("levels", ())):
             continue  # the profile changed: that histogram starts afresh
         fresh = type(mine)(mine.level_ids, mine.window)
         fresh.extend(lv for lv in h.get("recent", ()) if lv in mine.level_ids)
         histograms[name] = fresh
         taken.append(f"histogram:{name}")
-    active = data.get("active")
-    if active is not None and hasattr(policy, "active"):
-        for prof in (getattr(policy, "primary", None), getattr(policy, "fallback", None)):
-            if prof is not None and prof.name == active:
-                policy.active = prof
-                taken.append("active")
-                break
-    for k, v in (data.get("scalars") or {}).items():
-        if k in _SCALARS and hasattr(policy, k) and _num(v) is not None:
-            setattr(policy, k, type(getattr(policy, k))(v))
-            taken.append(k)
-    for name in ("rate", "choice", "_tiers"):
-        value = getattr(policy, name, None)
-        if isinstance(value, dict) and isinstance(data.get(name), dict):
-            value.clear()
-            value.update(data[name])
-            taken.append(name)
     return taken
+
+
+def export_scalars(obj: Any, names: Iterable[str]) -> dict[str, float | int]:
+    """The finite numeric attributes ``names`` of ``obj``."""
+    values = {k: _num(getattr(obj, k)) for k in names}
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def import_scalars(obj: Any, names: Iterable[str], data: Any) -> list[str]:
+    """Set each attribute of ``names`` that ``data`` holds as a finite number (keeping its type)."""
+    taken: list[str] = []
+    if not isinstance(data, dict):
+        return taken
+    for k in names:
+        v = data.get(k)
+        if _num(v) is not None:
+            setattr(obj, k, type(getattr(obj, k))(v))
+            taken.append(k)
+    return taken
+
+
+def import_mapping(target: dict[str, Any], data: Any) -> bool:
+    """Replace the contents of ``target`` with ``data`` when it is a mapping."""
+    if not isinstance(data, dict):
+        return False
+    target.clear()
+    target.update(data)
+    return True
+
+
+# ---- the whole state -------------------------------------------------------------------------
+
+
+def export_state(policy: Policy) -> dict[str, Any]:
+    """The control-path state of ``policy`` as a JSON-able dict (its parts: ``Policy.export_state``)."""
+    return {"format": STATE_FORMAT, "policy": policy.name, "version": int(policy._version), **policy.export_state()}
+
+
+def import_state(policy: Policy, data: dict[str, Any]) -> list[str]:
+    """Load ``data`` (from :func:`export_state`) into ``policy``; returns the parts taken.
+
+    A state exported by another policy kind is ignored as a whole (returns ``[]``)."""
+    if not isinstance(data, dict) or data.get("policy") != policy.name or data.get("format") != STATE_FORMAT:
+        return []
+    policy._version = max(int(policy._version), int(data.get("version", 0)))
+    return ["version", *policy.import_state(data)]
