@@ -271,6 +271,8 @@ def test_each_policy_takes_its_own_validated_options(profiles):
         ("argus", "ac", {"affinity_window": 0}, "affinity_window"),
         ("argus+", "ac", {"paths": ("ac", "gpu")}, "paths"),
         ("nirvana", "ac", {"period_s": -5.0}, "period_s"),
+        ("sommelier", "sm", {"period_s": "soon"}, "period_s"),
+        ("argus", "ac", {"switch_tolerance": 2.0}, "switch_tolerance"),
     ):
         with pytest.raises(PolicyError, match=field):
             make_policy(name, profiles[profile], rng=rng, config=bad)

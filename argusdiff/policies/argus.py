@@ -41,6 +41,7 @@ from argusdiff.policies.base import (
     Policy,
     PolicyError,
     RouteView,
+    require,
     select_worker,
     uniform_pasm,
 )
@@ -76,16 +77,15 @@ class ArgusOptions(CommonOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not (isinstance(self.affinity_window, int) and self.affinity_window >= 1):
-            raise PolicyError(f"policy option affinity_window: must be an integer >= 1, got {self.affinity_window!r}")
-        if not 0.0 <= self.switch_tolerance <= 1.0:
-            raise PolicyError(f"policy option switch_tolerance: must be in [0, 1], got {self.switch_tolerance!r}")
-        if not self.time_limit_s > 0:
-            raise PolicyError(f"policy option time_limit_s: must be > 0, got {self.time_limit_s!r}")
+        require("affinity_window", self.affinity_window, lambda v: isinstance(v, int) and v >= 1, "an integer >= 1")
+        require("switch_tolerance", self.switch_tolerance, lambda v: 0.0 <= v <= 1.0, "in [0, 1]")
+        require("time_limit_s", self.time_limit_s, lambda v: v > 0, "> 0")
+        require("cache_latency_limit_s", self.cache_latency_limit_s, lambda v: v >= 0, ">= 0")
+        require("cache_error_limit", self.cache_error_limit, lambda v: 0.0 <= v <= 1.0, "in [0, 1]")
+        require("switch_margin", self.switch_margin, lambda v: v >= 1.0, ">= 1")
+        require("probe_periods", self.probe_periods, lambda v: isinstance(v, int) and v >= 0, "an integer >= 0")
         if self.fallback is not None and not isinstance(self.fallback, Profile):
             raise PolicyError(f"policy option fallback: must be a Profile, got {type(self.fallback).__name__}")
-        if not self.switch_margin >= 1.0:
-            raise PolicyError(f"policy option switch_margin: must be >= 1, got {self.switch_margin!r}")
 
 
 def capacity_share(profile: Profile, assignment: Mapping[str, str | None]) -> tuple[float, ...]:

@@ -28,7 +28,7 @@ from typing import Any
 
 from argusdiff.domain import Assignment, ClusterStats, Plan, Request, Strategy
 from argusdiff.policies.argus import Argus, ArgusOptions
-from argusdiff.policies.base import PolicyError, RouteView, select_worker
+from argusdiff.policies.base import PolicyError, RouteView, require, select_worker
 from argusdiff.policies.mixed import is_mixed, miss_fallback, needs_cache
 from argusdiff.policies.state import import_mapping
 from argusdiff.policies.unified import (
@@ -77,8 +77,10 @@ class ArgusPlusOptions(ArgusOptions):
             bad = sorted(set(self.paths) - set(STRATEGY_NAMES))
             if bad or not self.paths:
                 raise PolicyError(f"option paths: choose among ac, sm, cascade, got {list(self.paths)}")
-        if self.threshold_points is not None and not self.threshold_points >= 2:
-            raise PolicyError(f"policy option threshold_points: must be >= 2 or None, got {self.threshold_points!r}")
+        require("first_tier_headroom", self.first_tier_headroom, lambda v: v > 0, "> 0")
+        if self.threshold_points is not None:
+            ok = lambda v: isinstance(v, int) and v >= 2  # noqa: E731
+            require("threshold_points", self.threshold_points, ok, "an integer >= 2 (or None: every point)")
 
 
 class ArgusPlus(Argus, name="argus+", family="ac"):

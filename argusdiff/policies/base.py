@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import abc
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, ClassVar
@@ -40,6 +40,7 @@ __all__ = [
     "identity_pasm",
     "nearest_served",
     "option_names",
+    "require",
     "select_worker",
     "uniform_pasm",
 ]
@@ -94,10 +95,9 @@ class CommonOptions:
     predictor: Any = None
 
     def __post_init__(self) -> None:
-        if self.slo_s is not None and not self.slo_s > 0:
-            raise PolicyError(f"policy option slo_s: must be > 0, got {self.slo_s!r}")
-        if not self.period_s > 0:
-            raise PolicyError(f"policy option period_s: must be > 0, got {self.period_s!r}")
+        if self.slo_s is not None:
+            require("slo_s", self.slo_s, lambda v: v > 0, "> 0 (or None: the profile's default)")
+        require("period_s", self.period_s, lambda v: v > 0, "> 0")
 
     @classmethod
     def names(cls) -> frozenset[str]:
@@ -123,6 +123,17 @@ class CommonOptions:
             raise PolicyError(f"unknown policy option(s): {', '.join(sorted(unknown))}")
         mine = cls.names()
         return cls(**{k: v for k, v in config.items() if k in mine})
+
+
+def require(name: str, value: Any, test: Callable[[Any], bool], what: str) -> None:
+    """Raise :class:`PolicyError` naming option ``name`` unless ``value`` is a number (not a bool)
+    that passes ``test``; ``what`` says what it must be."""
+    try:
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and bool(test(value))
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise PolicyError(f"policy option {name}: must be {what}, got {value!r}")
 
 
 def option_names() -> frozenset[str]:

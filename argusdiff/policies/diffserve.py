@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from argusdiff.domain import Assignment, ClusterStats, Plan, Request, Strategy
-from argusdiff.policies.base import CommonOptions, Policy, PolicyError, RouteView, select_worker
+from argusdiff.policies.base import CommonOptions, Policy, PolicyError, RouteView, require, select_worker
 
 __all__ = ["ALLOCATION_PERIOD_S", "DiffServe", "DiffServeOptions", "DiffServeStatic", "DiffServeStaticOptions"]
 
@@ -60,11 +60,10 @@ class DiffServeOptions(CommonOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not self.drop_factor > 0:
-            raise PolicyError(f"policy option drop_factor: must be > 0, got {self.drop_factor!r}")
-        period = self.allocation_period_s
-        if period is not None and not period >= 0:
-            raise PolicyError(f"allocation_period_s: must be >= 0, got {period}")
+        require("drop_factor", self.drop_factor, lambda v: v > 0, "> 0")
+        if self.allocation_period_s is not None:
+            period = self.allocation_period_s
+            require("allocation_period_s", period, lambda v: v >= 0, ">= 0 (or None: the artifact's 5 s)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,8 +74,8 @@ class DiffServeStaticOptions(DiffServeOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.peak_qpm is not None and not self.peak_qpm > 0:
-            raise PolicyError(f"policy option peak_qpm: must be > 0, got {self.peak_qpm!r}")
+        if self.peak_qpm is not None:
+            require("peak_qpm", self.peak_qpm, lambda v: v > 0, "> 0 (QPM)")
 
 
 class DiffServe(Policy, name="diffserve", family="cascade"):
