@@ -244,7 +244,7 @@ def routing_confidence(
     if source == "dist":
         conf = load_light_confidence(pair, path)
     elif source == "scores":
-        if _pair(pair) != "sdturbo":
+        if _pair(pair) != SCORED_PAIR:
             raise DiffServeDataError("confidence_scores.csv has SD-Turbo/SDv1.5 confidences only (pair sdturbo)")
         conf = load_confidences(path)
     else:
