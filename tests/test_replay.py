@@ -216,3 +216,27 @@ def test_scale_to_peak_keeps_the_pattern_and_caps_the_peak():
 def test_replay_new_options_exit_2_naming_the_option(args, option, capsys):
     assert main(["replay", *SMALL, "--policies", "clipper-ht", *args]) == 2
     assert option in capsys.readouterr().err
+
+
+def test_variant_runs_come_from_the_policies_that_declare_them():
+    from argusdiff.replay import ReplaySpec, variant_runs
+
+    runs = variant_runs(ReplaySpec(ablation=True, mixed=True))
+    labels = [label for label, _, _, _ in runs]
+    assert labels[:10] == list(ReplaySpec().policies)
+    assert labels[10:] == [
+        "argus+ -admission",
+        "argus+ -backlog",
+        "argus+ -switch",
+        "argus+ (unified)",
+        "argus+ (unified) -cascades",
+        "argus+ (unified) -AC",
+        "argus+ (unified) -SM",
+        "argus+ (unified) -tiers",
+        "argus+ (AC+SM)",
+    ]
+    on = {label: profile for label, _, _, profile in runs}
+    assert on["argus+ (unified) -SM"] == "unified" and on["argus+ (AC+SM)"] == "mixed" and on["argus+ -switch"] is None
+    assert dict(runs[13 + 3][2]) == {"paths": ("ac", "cascade")}  # -SM
+    # without argus+ selected there is no unified run; without the switches, only the policies
+    assert [label for label, *_ in variant_runs(ReplaySpec(policies=["argus", "diffserve"]))] == ["argus", "diffserve"]
