@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from argusdiff.domain import Profile, Strategy
+from argusdiff.domain import CascadeSpec, Profile, Strategy
 from argusdiff.errors import ConfigError
 from traces.synthetic import synthetic_confidence as _cascade_confidence
 

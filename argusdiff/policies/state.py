@@ -28,13 +28,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from argusdiff.errors import ConfigError
 from argusdiff.predictors import AffinityHistogram, DemandPredictor
-
-if TYPE_CHECKING:
-    from argusdiff.policies.base import Policy
 
 __all__ = [
     "STATE_FORMAT",
@@ -119,6 +116,18 @@ def import_mapping(target: dict[str, Any], data: Any) -> bool:
 
 
 # ---- the whole state -------------------------------------------------------------------------
+
+
+class Policy(Protocol):
+    """What the framing reads of a policy (:class:`argusdiff.policies.base.Policy` has it; this
+    module is imported by that one, so it names the shape, not the class)."""
+
+    name: str
+    _version: int
+
+    def export_state(self) -> dict[str, Any]: ...
+
+    def import_state(self, data: Mapping[str, Any]) -> list[str]: ...
 
 
 def export_state(policy: Policy) -> dict[str, Any]:
