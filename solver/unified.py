@@ -1183,7 +1183,8 @@ def _milp_switch(
 
 def _worker_groups(problem: UnifiedProblem, pools: list[str], pidx: dict[str, int], load_time: np.ndarray, models):
     """Workers grouped by (current pool, resident models); the cost of moving one of each group to
-    each pool: 0 to stay, else 1 plus the pool's load time unless its model is current or resident."""
+    each pool: 0 to stay, else 1 plus the pool's load time unless its model is current or resident;
+    0 everywhere for a worker with no model and none resident (it loads one whatever the plan)."""
     sig: dict[tuple, list[str]] = {}
     for w in problem.workers:
         cur = problem.current.get(w)
@@ -1193,6 +1194,8 @@ def _worker_groups(problem: UnifiedProblem, pools: list[str], pidx: dict[str, in
     cost = np.zeros((len(keys), len(pools)))
     for h, (cur, res) in enumerate(keys):
         cur_model = models[pidx[cur]] if cur is not None else None
+        if cur is None and not res:
+            continue  # a worker with no model loads one whatever the plan: placing it moves nothing
         for mm, pool in enumerate(pools):
             if cur == pool:
                 continue

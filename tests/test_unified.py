@@ -563,3 +563,32 @@ def test_spare_capacity_goes_to_the_best_level(formulation):
         k = path.thresholds.index(t) if path.thresholds else 0
         if served.get(light, 0.0) > 1e-6 and path.deferral:
             assert min(row[k] for row in path.deferral) < 1.0, (light, t)
+
+
+def test_a_cold_start_plan_gives_up_no_value_for_load_times():
+    """Workers with no model load one whatever the plan, so the switch pass (which may give up
+    ``switch_tolerance`` of value to move fewer workers) has nothing to save on a cold start: the
+    first plan is the best plan, not one that favours models with short load times. Per-class
+    quality here is each level's profiled quality for every class (SD-XL strictly best), so giving
+    up value shows."""
+    from argusdiff.profile import load_profile
+    from solver.paths import problem_from_profile, ranked_deferral
+
+    profile = load_profile("unified-a100")
+    specs = list(profile.cascade_specs)
+    workers = [f"w{i}" for i in range(8)]
+    row = tuple(lv.quality / profile.levels[0].quality for lv in profile.levels)
+    kw = dict(
+        cascades=specs, cascade_tables=ranked_deferral(profile, specs), class_quality=[row] * len(profile.levels)
+    )
+    problem = problem_from_profile(profile, workers, 78.0, current=dict.fromkeys(workers), **kw)
+    best = plan_unified(problem, switch_tolerance=0.0)
+    assert best.counts["sdxl-base-1.0"] >= 6
+    for formulation in ("exact", "milp"):
+        cold = plan_unified(problem, formulation=formulation, switch_tolerance=0.02)
+        assert cold.objective >= best.objective * (1 - 1e-4), (formulation, dict(cold.counts), dict(best.counts))
+    # a worker already running a model still weighs its move against the tolerance: four SD-1.5
+    # workers stay where moving them to SD-XL would gain less than 2 % of the value
+    current = {w: ("sd-1.5" if i < 4 else "sdxl-k0") for i, w in enumerate(workers)}
+    kept = plan_unified(problem_from_profile(profile, workers, 78.0, current=current, **kw), switch_tolerance=0.02)
+    assert kept.counts["sd-1.5"] > 0 and kept.objective < best.objective
