@@ -209,8 +209,8 @@ def _prompt_set(spec: ReplaySpec):
 
 def prepare(spec: ReplaySpec, *, log: Callable[[str], None] | None = None):
     """The workload, the profiles, the trace and provenance for ``spec``."""
+    from traces.formats import load_trace
     from traces.quality import QualityTable
-    from traces.trace import load_trace
 
     say = log or (lambda _m: None)
     if spec.gpus < 1:

@@ -42,9 +42,9 @@ def main() -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     from argusdiff.profile import load_profile
+    from traces.formats import load_trace, write_trace
     from traces.prompts import builtin_prompts
     from traces.synthetic import synthetic_quality_table
-    from traces.trace import load_trace, write_trace
 
     rows = []
 

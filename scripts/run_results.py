@@ -119,18 +119,18 @@ def provenance_line(res, extra: str = "") -> str:
 def scaled_trace(source: str, peak_qpm: float, path: Path, *, drop_slo: bool = False):
     """``source`` time-stretched so its highest 1-minute rate is ``peak_qpm``, written to ``path``."""
     from argusdiff.replay import scale_to_peak
-    from traces.trace import load_trace, write_trace
+    from traces.formats import load_trace, write_trace
 
     tr = load_trace(source, seed=0)
     if drop_slo:
-        tr = tr._replace(slo_s=None)
+        tr = tr.replace(slo_s=None)
     tr = scale_to_peak(tr, peak_qpm)
     write_trace(tr, path)
     return tr
 
 
 def bursty_description(spec: str) -> str:
-    from traces.trace import parse_duration, parse_spec
+    from traces.generators import parse_duration, parse_spec
 
     _kind, params = parse_spec(spec)
     period = parse_duration(params.get("period", "5m"))
@@ -363,7 +363,7 @@ def main() -> int:
     if "diffserve" in wanted:
         pols = ["diffserve", "diffserve-static", "proteus", "clipper-ha", "clipper-ht"]
         names = {"clipper-ha": "clipper-heavy", "clipper-ht": "clipper-light"}
-        from traces.trace import load_trace, write_trace
+        from traces.formats import load_trace, write_trace
 
         maf = load_trace(args.maf)  # 4..32 QPS, the artifact's trace for 16 workers of cascade 1
         write_trace(maf.rescale(factor=GPUS / 16 / 4), tmp / "maf-sdxl.csv")  # -> 0.5..4 QPS (1to8 / 2)

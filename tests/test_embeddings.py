@@ -143,7 +143,8 @@ def test_similarity_stream():
 
 def test_importing_traces_does_not_import_torch():
     code = (
-        "import sys, traces, traces.trace, traces.prompts, traces.synthetic, traces.diffserve, traces.embeddings\n"
+        "import sys, traces, traces.trace, traces.generators, traces.formats, traces.prompts, traces.synthetic\n"
+        "import traces.diffserve, traces.embeddings\n"
         "heavy = [m for m in ('torch', 'transformers', 'diffusers', 'timm', 'open_clip') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )

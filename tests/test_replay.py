@@ -196,7 +196,7 @@ def test_replay_load_fraction_scales_the_trace_to_the_cluster(capsys):
 
 def test_scale_to_peak_keeps_the_pattern_and_caps_the_peak():
     from argusdiff.replay import scale_to_peak
-    from traces.trace import load_trace
+    from traces.formats import load_trace
 
     tr = load_trace("bursty:low=100,high=400,period=3m,duration=12m", seed=1)
     out = scale_to_peak(tr, 180.0)

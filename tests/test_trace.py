@@ -5,19 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from traces.trace import (
-    GENERATORS,
-    Trace,
-    TraceError,
-    detect_format,
-    load_shape,
-    load_trace,
-    parse_duration,
-    parse_spec,
-    rate_curve_trace,
-    scale_shape,
-    write_trace,
-)
+from traces.formats import detect_format, load_trace, write_trace
+from traces.generators import GENERATORS, load_shape, parse_duration, parse_spec, rate_curve_trace, scale_shape
+from traces.trace import Trace, TraceError
 
 
 def test_parse_duration_and_spec():

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from argusdiff import cli
+from traces.formats import load_trace
 from traces.quality import QualityTable
-from traces.trace import load_trace
 
 
 def _json(capsys, argv):

@@ -59,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
 
 def _load(args: argparse.Namespace):
     from argusdiff.config import load_settings
-    from traces.trace import load_trace
+    from traces.formats import load_trace
 
     scaling = {k: getattr(args, k) for k in ("low", "high", "peak") if getattr(args, k) is not None}
     order = args.order or load_settings().traces.prompt_order
@@ -79,7 +79,8 @@ def _load(args: argparse.Namespace):
 
 
 def run_list(args: argparse.Namespace) -> int:
-    from traces.trace import FORMATS, list_traces
+    from traces.formats import FORMATS
+    from traces.generators import list_traces
 
     items = list_traces()
     if args.json:
@@ -141,7 +142,7 @@ def run_show(args: argparse.Namespace) -> int:
 
 
 def run_gen(args: argparse.Namespace) -> int:
-    from traces.trace import write_trace
+    from traces.formats import write_trace
 
     trace = _load(args)
     try:

@@ -264,9 +264,9 @@ def quick_workload(
     built-in prompt set, SYNTHETIC quality tables (``traces.synthetic``) for ``profiles``, the oracle
     classifier stand-in with ``confusion``, and cascade confidences derived from the tables."""
     from argusdiff.policies.classifier import OracleClassifier
+    from traces.formats import load_trace
     from traces.prompts import builtin_prompts
     from traces.synthetic import synthetic_confidence, synthetic_quality_table
-    from traces.trace import load_trace
 
     prompts = builtin_prompts().head(n_prompts)
     tables = {p.name: (p, synthetic_quality_table(prompts, p, seed=seed)) for p in profiles}
