@@ -1,8 +1,11 @@
 """Trace replay: one workload, several policies, the same simulated cluster, side by side.
 
 :func:`prepare` turns a :class:`ReplaySpec` (trace, prompts, quality source, classifier, profiles)
-into a :class:`~argusdiff.simulator.Workload`; :func:`run_replay` simulates every policy on it
-and computes per-minute metrics and summaries; :mod:`argusdiff.report` writes the outputs.
+into a :class:`Prepared` (the :class:`~argusdiff.simulator.Workload`, the profiles, the trace and
+provenance) in named steps that hand one :class:`ReplayInputs` on: profiles, quality tables,
+cascade confidences, classifiers, then the trace and the workload. :func:`run_replay` runs every
+policy of :func:`variant_runs` on it (:func:`_run_policy`, with the settings all runs share) and
+computes per-minute metrics and summaries; :mod:`argusdiff.report` writes the outputs.
 
 Each policy runs on the profile of its family (``Policy.family``, given where it registers):
 ARGUS-style policies (argus, argus+, pac, nirvana) on the approximate-caching profile (those with
@@ -48,6 +51,8 @@ __all__ = [
     "DEFAULT_POLICIES",
     "DEFAULT_TRACE",
     "UNIFIED_LABEL",
+    "Prepared",
+    "ReplayInputs",
     "ReplayResult",
     "ReplaySpec",
     "cluster_capacity_qpm",
@@ -207,20 +212,58 @@ def _prompt_set(spec: ReplaySpec):
     return load_prompts(spec.prompts)
 
 
-def prepare(spec: ReplaySpec, *, log: Callable[[str], None] | None = None):
-    """The workload, the profiles, the trace and provenance for ``spec``."""
-    from traces.formats import load_trace
-    from traces.quality import QualityTable
+@dataclass
+class ReplayInputs:
+    """What the steps of :func:`prepare` hand on to each other, in their order: the profiles by
+    family (:func:`_load_profiles`); the prompt set with one quality table per profile
+    (:func:`_quality_tables`); the cascade discriminator's confidences (:func:`_cascade_confidences`,
+    which may replace the cascade profile's table with the DiffServe artifact's scores); the
+    classifier of each profile (:func:`_classifiers`). :func:`_workload` builds the simulator's
+    workload from it and a trace."""
 
+    profiles: dict[str, Profile]  # family ("ac", "sm", "cascade", "unified") -> profile
+    prompts: Any  # traces.prompts.PromptSet
+    tables: dict[str, tuple[Profile, Any]]  # profile name -> (profile, traces.quality.QualityTable)
+    quality_note: dict[str, str]  # profile name -> where its quality comes from
+    confidence: np.ndarray | None = None  # the cascade profile's light images' confidence per prompt
+    confidences: dict[str, np.ndarray] = field(default_factory=dict)  # unified: light level -> confidence
+    confidence_source: str = ""
+    classifiers: dict[str, Any] = field(default_factory=dict)  # profile name -> classifier
+    classifier_desc: str = ""
+
+
+@dataclass
+class Prepared:
+    """The result of :func:`prepare`, the input of every policy's run in :func:`run_replay`."""
+
+    workload: Any  # argusdiff.simulator.Workload
+    profiles: dict[str, Profile]
+    trace: Any  # traces.trace.Trace
+    provenance: dict[str, Any]
+
+
+def prepare(spec: ReplaySpec, *, log: Callable[[str], None] | None = None) -> Prepared:
+    """The workload, the profiles, the trace and provenance for ``spec``, step by step."""
     say = log or (lambda _m: None)
     if spec.gpus < 1:
         raise ConfigError(f"--gpus: must be >= 1, got {spec.gpus}")
     if not 0.0 <= spec.confusion <= 1.0:
         raise ConfigError(f"--confusion: must be in [0, 1], got {spec.confusion}")
-    profiles = _load_profiles(spec)
+    inputs = _quality_tables(spec, _load_profiles(spec))
+    _cascade_confidences(spec, inputs)
+    _classifiers(spec, inputs)
+    trace, scaling = _trace(spec, inputs, say)
+    return _workload(spec, inputs, trace, scaling, say)
+
+
+def _quality_tables(spec: ReplaySpec, profiles: dict[str, Profile]) -> ReplayInputs:
+    """The prompt set and one quality table per profile: a measured table (``--quality`` CSV) for
+    the profile whose levels it lists (its prompts become the set unless ``--prompts`` is given),
+    synthetic tables (:mod:`traces.synthetic`) for the others."""
+    from traces.quality import QualityTable
+    from traces.synthetic import synthetic_quality_table
+
     prompts = _prompt_set(spec)
-    quality_note: dict[str, str] = {}
-    tables: dict[str, tuple[Profile, Any]] = {}
     measured = None
     if spec.quality not in ("synthetic", "diffserve"):
         path = Path(spec.quality)
@@ -239,8 +282,8 @@ def prepare(spec: ReplaySpec, *, log: Callable[[str], None] | None = None):
             prompts = PromptSet(prompts=tuple(measured.prompts), ids=tuple(measured.prompt_ids), name=path.stem)
         elif tuple(measured.prompts) != tuple(prompts.prompts):
             raise ConfigError(f"--quality: {path} is for other prompts than --prompts {spec.prompts}")
-    from traces.synthetic import synthetic_quality_table
-
+    quality_note: dict[str, str] = {}
+    tables: dict[str, tuple[Profile, Any]] = {}
     for _fam, prof in profiles.items():
         if measured is not None and tuple(measured.level_ids) == prof.ids:
             tables[prof.name] = (prof, measured)
@@ -249,9 +292,18 @@ def prepare(spec: ReplaySpec, *, log: Callable[[str], None] | None = None):
             t = synthetic_quality_table(prompts, prof, seed=spec.seed)
             tables[prof.name] = (prof, t)
             quality_note[prof.name] = t.source
-    # the cascade's discriminator confidences
+    return ReplayInputs(profiles=profiles, prompts=prompts, tables=tables, quality_note=quality_note)
+
+
+def _cascade_confidences(spec: ReplaySpec, inputs: ReplayInputs) -> None:
+    """Fills the discriminator's confidences in the light images of the cascade profile and, with
+    a unified profile, of each of its cascade pairs: the DiffServe artifact's (``--quality
+    diffserve``, whose heavy-image scores, where it has them, replace the cascade profile's
+    table) or derived from the quality tables (:func:`traces.synthetic.synthetic_confidence`)."""
+    from traces.quality import QualityTable
+
+    profiles, prompts, tables = inputs.profiles, inputs.prompts, inputs.tables
     cascade = profiles["cascade"]
-    confidence_source = ""
     ctable = tables[cascade.name][1]
     if spec.quality == "diffserve":
         from traces.diffserve import pair_confidences, routing_confidence
@@ -259,7 +311,7 @@ def prepare(spec: ReplaySpec, *, log: Callable[[str], None] | None = None):
         pair = _diffserve_pair(cascade, cascade.cascade)
         n = len(prompts)
         confidence = routing_confidence(np.arange(n), pair=pair, source="dist")
-        confidence_source = (
+        inputs.confidence_source = (
             f"DiffServe artifact per-query light-image confidences (dist_{pair}), prompt row i -> query i mod 5000"
         )
         conf = pair_confidences(pair)
@@ -277,26 +329,32 @@ def prepare(spec: ReplaySpec, *, log: Callable[[str], None] | None = None):
                 source=f"DiffServe artifact {conf.source}: discriminator P(real) of the light and heavy images",
             )
             tables[cascade.name] = (cascade, ctable)
-            quality_note[cascade.name] = ctable.source
+            inputs.quality_note[cascade.name] = ctable.source
     else:
         confidence = _cascade_confidence(ctable, cascade, spec.seed)
-        confidence_source = "derived from the quality table (rank of light/heavy quality mapped through f(t))"
-    confidences: dict[str, np.ndarray] = {}
+        inputs.confidence_source = "derived from the quality table (rank of light/heavy quality mapped through f(t))"
+    inputs.confidence = confidence
     if "unified" in profiles:
         unified = profiles["unified"]
         for pair in unified.cascade_specs:
             if pair.light == cascade.cascade.light:
-                confidences[pair.light] = confidence  # the same light model: the same discriminator verdicts
+                inputs.confidences[pair.light] = confidence  # the same light model: the same discriminator verdicts
             elif spec.quality == "diffserve":
                 from traces.diffserve import routing_confidence
 
-                confidences[pair.light] = routing_confidence(
+                inputs.confidences[pair.light] = routing_confidence(
                     np.arange(len(prompts)), pair=_diffserve_pair(unified, pair), source="dist"
                 )
             else:
-                confidences[pair.light] = _cascade_confidence(tables[unified.name][1], unified, spec.seed, pair)
-    # classifier
-    classifiers: dict[str, Any] = {}
+                inputs.confidences[pair.light] = _cascade_confidence(tables[unified.name][1], unified, spec.seed, pair)
+
+
+def _classifiers(spec: ReplaySpec, inputs: ReplayInputs) -> None:
+    """Fills the prompt classifier of each profile: the trained ``--classifier`` for the profiles
+    whose levels it predicts, the oracle stand-in (with ``confusion``) for the others."""
+    from argusdiff.policies.classifier import OracleClassifier
+
+    tables, classifiers = inputs.tables, inputs.classifiers
     if spec.classifier:
         from classifiers.level import LevelClassifier
 
@@ -307,8 +365,6 @@ def prepare(spec: ReplaySpec, *, log: Callable[[str], None] | None = None):
                 classifiers[prof.name] = clf
         if not classifiers:
             raise ConfigError(f"--classifier: {spec.classifier} predicts levels of none of the profiles")
-        from argusdiff.policies.classifier import OracleClassifier
-
         others = [prof for prof, _t in tables.values() if prof.name not in classifiers]
         for prof in others:
             classifiers[prof.name] = OracleClassifier(tables[prof.name][1], confusion=spec.confusion, seed=spec.seed)
@@ -319,20 +375,25 @@ def prepare(spec: ReplaySpec, *, log: Callable[[str], None] | None = None):
                 f"{classifiers[others[0].name].description} for {', '.join(p.name for p in others)}"
             )
     else:
-        from argusdiff.policies.classifier import OracleClassifier
-
         for prof, t in tables.values():
             classifiers[prof.name] = OracleClassifier(t, confusion=spec.confusion, seed=spec.seed)
         clf_desc = next(iter(classifiers.values())).description
-    # trace
-    trace = load_trace(spec.trace, seed=spec.seed, format=spec.trace_format, n_prompts=len(prompts))
+    inputs.classifier_desc = clf_desc
+
+
+def _trace(spec: ReplaySpec, inputs: ReplayInputs, say: Callable[[str], None]) -> tuple[Any, str]:
+    """The trace over the prompt set, time-stretched to ``load_fraction`` of the primary cluster's
+    capacity when asked, and a note of that scaling (empty when none)."""
+    from traces.formats import load_trace
+
+    trace = load_trace(spec.trace, seed=spec.seed, format=spec.trace_format, n_prompts=len(inputs.prompts))
     if len(trace) == 0:
         raise ConfigError(f"--trace: {spec.trace!r} has no requests")
     scaling = ""
     if spec.load_fraction is not None:
         if not 0.0 < spec.load_fraction <= 10.0:
             raise ConfigError(f"--load-fraction: must be in (0, 10], got {spec.load_fraction}")
-        primary = profiles["ac"]
+        primary = inputs.profiles["ac"]
         cap = cluster_capacity_qpm(primary, spec.gpus)
         trace = scale_to_peak(trace, spec.load_fraction * cap)
         scaling = (
@@ -340,6 +401,16 @@ def prepare(spec: ReplaySpec, *, log: Callable[[str], None] | None = None):
             f"{spec.gpus}-worker {primary.name} cluster's maximum {cap:.0f} QPM (every worker at {primary.fastest.id})"
         )
         say(scaling)
+    return trace, scaling
+
+
+def _workload(spec: ReplaySpec, inputs: ReplayInputs, trace: Any, scaling: str, say: Callable[[str], None]) -> Prepared:
+    """The simulator's workload from ``inputs`` and ``trace`` (with the prompts' MiniLM embeddings
+    when ``embeddings``, and the trace's per-request SLOs and tiers), and the replay's provenance."""
+    from argusdiff.simulator import build_workload
+    from argusdiff.simulator.workload import trace_deadlines
+
+    prompts, tables = inputs.prompts, inputs.tables
     prompt_idx = trace.prompt_idx if trace.prompt_idx is not None else np.arange(len(trace)) % len(prompts)
     embeddings = None
     similarity_source = "exact repeats only"
@@ -349,9 +420,6 @@ def prepare(spec: ReplaySpec, *, log: Callable[[str], None] | None = None):
         say(f"encoding {len(prompts)} prompts with MiniLM (disk-cached)...")
         embeddings = encode_prompts(list(prompts.prompts))
         similarity_source = "MiniLM (all-MiniLM-L6-v2) prompt embeddings, cosine"
-    from argusdiff.simulator import build_workload
-    from argusdiff.simulator.workload import trace_deadlines
-
     req_slo, req_tier, slo_note = trace_deadlines(trace)
     if slo_note:
         say(slo_note)
@@ -360,14 +428,14 @@ def prepare(spec: ReplaySpec, *, log: Callable[[str], None] | None = None):
         prompt_idx,
         list(prompts.prompts),
         tables,
-        classifiers=classifiers,
+        classifiers=inputs.classifiers,
         embeddings=embeddings,
-        confidence=confidence,
-        confidences=confidences,
-        classifier_desc=clf_desc,
-        quality_source="; ".join(f"{k}: {v}" for k, v in quality_note.items()),
+        confidence=inputs.confidence,
+        confidences=inputs.confidences,
+        classifier_desc=inputs.classifier_desc,
+        quality_source="; ".join(f"{k}: {v}" for k, v in inputs.quality_note.items()),
         similarity_source=similarity_source,
-        confidence_source=confidence_source,
+        confidence_source=inputs.confidence_source,
         trace_name=trace.name or str(spec.trace),
         slo_s=req_slo,
         tier=req_tier,
@@ -382,12 +450,12 @@ def prepare(spec: ReplaySpec, *, log: Callable[[str], None] | None = None):
         "peak_qpm": float(trace.peak_qpm),
         "load_scaling": scaling,
         "prompts": f"{prompts.name} ({len(prompts)} prompts{', generated' if prompts.generated else ''})",
-        "quality": quality_note,
+        "quality": inputs.quality_note,
         "quality_synthetic": any(t.synthetic for _p, t in tables.values()),
-        "classifier": clf_desc,
+        "classifier": inputs.classifier_desc,
         "cache_similarity": similarity_source,
-        "cascade_confidence": confidence_source,
-        "profiles": {fam: p.name for fam, p in profiles.items()},
+        "cascade_confidence": inputs.confidence_source,
+        "profiles": {fam: p.name for fam, p in inputs.profiles.items()},
         "gpus": spec.gpus,
         "seed": spec.seed,
         "faults": spec.faults or "",
@@ -396,7 +464,7 @@ def prepare(spec: ReplaySpec, *, log: Callable[[str], None] | None = None):
         "slo_note": slo_note,
         "date_note": "simulated cluster; wall-clock numbers depend on the machine",
     }
-    return wl, profiles, trace, provenance
+    return Prepared(workload=wl, profiles=inputs.profiles, trace=trace, provenance=provenance)
 
 
 def cluster_capacity_qpm(profile: Profile, gpus: int, slo_s: float | None = None) -> float:
@@ -447,116 +515,25 @@ def run_replay(
     *,
     progress: Callable[[str, float], None] | None = None,
     log: Callable[[str], None] | None = None,
-    prepared: tuple | None = None,
+    prepared: Prepared | None = None,
 ) -> ReplayResult:
-    """Simulate every policy of ``spec`` on one workload."""
-    from argusdiff.policies import POLICIES, make_policy, policy_class
-    from argusdiff.simulator import SimConfig, minute_metrics, parse_faults, simulate, summarize
+    """Simulate every policy of ``spec`` on one workload (``prepared``, or :func:`prepare`'s)."""
+    from argusdiff.policies import POLICIES
 
     for name in spec.policies:
         if name not in POLICIES:
             raise ConfigError(f"--policies: unknown policy {name!r} (known: {', '.join(POLICIES)})")
     if not spec.policies:
         raise ConfigError("--policies: no policy given")
-    wl, profiles, trace, provenance = prepared or prepare(spec, log=log)
-    faults = tuple(parse_faults(spec.faults, gpus=spec.gpus, duration_s=float(trace.duration_s)))
-    primary = profiles["ac"]
-    if spec.slo_s is not None and spec.slo_s <= 0:
-        raise ConfigError(f"--slo: must be positive, got {spec.slo_s}")
-    slo = spec.slo_s if spec.slo_s is not None else primary.default_slo_s(spec.slo_factor)
-    provenance["slo_s"] = slo
-    from argusdiff.simulator.engine import DEFAULT_TIER_SLO
-
-    tier_slo = dict(DEFAULT_TIER_SLO if spec.tier_slo is None else spec.tier_slo)
-    provenance["tier_slo"] = tier_slo
-    admission = _admission(spec.admission)
-    provenance["admission"] = admission.describe()
-    if spec.mixed:
-        from argusdiff.policies.mixed import merged_ladder
-
-        if profiles["ac"].strategies != {Strategy.AC}:
-            raise ConfigError(f"--mixed: --profile must be an approximate-caching profile, got {profiles['ac'].name!r}")
-        profiles = {**profiles, "mixed": merged_ladder(profiles["ac"], profiles["sm"])}
-    runs = variant_runs(spec)
+    prepared = prepared or prepare(spec, log=log)
+    provenance = prepared.provenance
+    shared = _shared_run_settings(spec, prepared)
     profiled: dict[str, dict[str, Any]] = {}
     results: dict[str, Any] = {}
     minutes: dict[str, dict[str, np.ndarray]] = {}
     summaries: dict[str, dict[str, Any]] = {}
-    if spec.static_peak_qpm is not None and not spec.static_peak_qpm > 0:
-        raise ConfigError(f"--static-peak: must be a positive QPM, got {spec.static_peak_qpm}")
-    peak = float(trace.peak_qpm) if spec.static_peak_qpm is None else float(spec.static_peak_qpm)
-    peaked = [n for n in spec.policies if policy_class(n).needs_peak]
-    if peaked:
-        provenance["static_peak"] = f"{', '.join(peaked)} provisioned for {peak:.0f} QPM given in advance " + (
-            "(the trace's highest 1-minute rate)" if spec.static_peak_qpm is None else "(--static-peak)"
-        )
-    from argusdiff.predictors import predictor_spec
-
-    if spec.predictor not in (None, "source"):
-        predictor_spec(spec.predictor)  # fail early, naming the option
-    provenance["predictor"] = (
-        "each policy's own reading ("
-        + ", ".join(f"{k}: {c.source_predictor}" for k, c in POLICIES.items() if c.source_predictor)
-        + ")"
-        if spec.predictor == "source"
-        else predictor_spec(spec.predictor).describe()
-    )
-    for label, name, extra, on in runs:
-        cls = policy_class(name)
-        fam = "cascade" if spec.cascade_baselines and cls.cascade_baseline else cls.family
-        prof = profiles[on or fam]
-        if not prof.strategies & cls.strategies:
-            kinds = "/".join(sorted(s.value for s in cls.strategies))
-            have = "/".join(sorted(s.value for s in prof.strategies))
-            raise ConfigError(f"--profile: {name} needs a {kinds} profile, {prof.name!r} is {have}")
-        # DiffServe's controller refreshes every 1 s; the others plan every period (ARGUS: 60 s)
-        period = (spec.period_s or 60.0) if cls.family != "cascade" else (spec.period_s or spec.cascade_period_s)
-        options: dict[str, Any] = {"slo_s": slo, "period_s": period, **spec.policy_options, **extra}
-        if prof.cascades:
-            options["tier_slo"] = tier_slo
-            if prof.name not in profiled:
-                profiled[prof.name] = profiled_quality(wl, prof)
-            options.update(profiled[prof.name])
-        if spec.predictor == "source":
-            options.setdefault("predictor", cls.source_predictor)
-        elif spec.predictor is not None:
-            options.setdefault("predictor", spec.predictor)
-        if cls.uses_fallback and prof.strategies == {Strategy.AC}:
-            options["fallback"] = profiles["sm"]
-        if cls.needs_peak:
-            options["peak_qpm"] = peak
-        policy = make_policy(
-            name,
-            prof,
-            rng=np.random.default_rng([spec.seed, _stable_hash(label)]),
-            config=options,
-        )
-        cfg = SimConfig(
-            gpus=spec.gpus,
-            period_s=period,
-            slo_s=slo,
-            seed=spec.seed,
-            jitter=spec.jitter,
-            cache_latency_s=spec.cache_latency_s,
-            cache_prefill=spec.cache_prefill,
-            faults=faults,
-            tier_slo=tier_slo,
-            max_resident_models=spec.max_resident_models,
-            admission=admission,
-        )
-        cb = (lambda f, _label=label: progress(_label, f)) if progress else None
-        res = simulate(policy, wl, cfg, progress=cb)
-        res.policy = label
-        m = minute_metrics(res)
-        s = summarize(res, m)
-        s["policy"] = label
-        s["admission"] = "on" if admission.enabled else "off"
-        s["period_s"] = period
-        s["predictor"] = policy.describe().get("predictor", "")
-        if spec.drift is not None and policy.uses_classifier:
-            from argusdiff.simulator.drift import replay_drift
-
-            s["drift"] = replay_drift(res, spec.drift, seed=spec.seed).as_dict()
+    for label, name, extra, on in shared.runs:
+        res, m, s = _run_policy(spec, prepared.workload, shared, label, name, extra, on, profiled, progress)
         results[label] = res
         minutes[label] = m
         summaries[label] = s
@@ -569,6 +546,142 @@ def run_replay(
         minutes=minutes,
         summaries=summaries,
     )
+
+
+@dataclass
+class _SharedRunSettings:
+    """What every policy's run of a replay shares (:func:`_shared_run_settings`)."""
+
+    profiles: dict[str, Profile]  # prepare()'s, with "mixed" (the merged AC+SM ladder) when asked
+    runs: list[tuple[str, str, dict[str, Any], str | None]]  # variant_runs(spec)
+    faults: tuple
+    slo_s: float
+    tier_slo: dict[str, float]
+    admission: Any  # argusdiff.admission.AdmissionConfig
+    peak_qpm: float  # the anticipated peak of the policies that need one (Policy.needs_peak)
+
+
+def _shared_run_settings(spec: ReplaySpec, prepared: Prepared) -> _SharedRunSettings:
+    """The settings every run shares, checked against ``spec``, each recorded in the provenance."""
+    from argusdiff.policies import POLICIES, policy_class
+    from argusdiff.predictors import predictor_spec
+    from argusdiff.simulator import parse_faults
+    from argusdiff.simulator.engine import DEFAULT_TIER_SLO
+
+    profiles, provenance = prepared.profiles, prepared.provenance
+    faults = tuple(parse_faults(spec.faults, gpus=spec.gpus, duration_s=float(prepared.trace.duration_s)))
+    primary = profiles["ac"]
+    if spec.slo_s is not None and spec.slo_s <= 0:
+        raise ConfigError(f"--slo: must be positive, got {spec.slo_s}")
+    slo = spec.slo_s if spec.slo_s is not None else primary.default_slo_s(spec.slo_factor)
+    provenance["slo_s"] = slo
+    tier_slo = dict(DEFAULT_TIER_SLO if spec.tier_slo is None else spec.tier_slo)
+    provenance["tier_slo"] = tier_slo
+    admission = _admission(spec.admission)
+    provenance["admission"] = admission.describe()
+    if spec.mixed:
+        from argusdiff.policies.mixed import merged_ladder
+
+        if profiles["ac"].strategies != {Strategy.AC}:
+            raise ConfigError(f"--mixed: --profile must be an approximate-caching profile, got {profiles['ac'].name!r}")
+        profiles = {**profiles, "mixed": merged_ladder(profiles["ac"], profiles["sm"])}
+    runs = variant_runs(spec)
+    if spec.static_peak_qpm is not None and not spec.static_peak_qpm > 0:
+        raise ConfigError(f"--static-peak: must be a positive QPM, got {spec.static_peak_qpm}")
+    peak = float(prepared.trace.peak_qpm) if spec.static_peak_qpm is None else float(spec.static_peak_qpm)
+    peaked = [n for n in spec.policies if policy_class(n).needs_peak]
+    if peaked:
+        provenance["static_peak"] = f"{', '.join(peaked)} provisioned for {peak:.0f} QPM given in advance " + (
+            "(the trace's highest 1-minute rate)" if spec.static_peak_qpm is None else "(--static-peak)"
+        )
+    if spec.predictor not in (None, "source"):
+        predictor_spec(spec.predictor)  # fail early, naming the option
+    provenance["predictor"] = (
+        "each policy's own reading ("
+        + ", ".join(f"{k}: {c.source_predictor}" for k, c in POLICIES.items() if c.source_predictor)
+        + ")"
+        if spec.predictor == "source"
+        else predictor_spec(spec.predictor).describe()
+    )
+    return _SharedRunSettings(
+        profiles=profiles, runs=runs, faults=faults, slo_s=slo, tier_slo=tier_slo, admission=admission, peak_qpm=peak
+    )
+
+
+def _run_policy(
+    spec: ReplaySpec,
+    wl: Any,
+    shared: _SharedRunSettings,
+    label: str,
+    name: str,
+    extra: dict[str, Any],
+    on: str | None,
+    profiled: dict[str, dict[str, Any]],
+    progress: Callable[[str, float], None] | None,
+) -> tuple[Any, dict[str, np.ndarray], dict[str, Any]]:
+    """One run of :func:`variant_runs` (``label``: policy ``name`` with ``extra`` options on the
+    profile ``on``, or its family's): the policy built from its class attributes, simulated on
+    ``wl``; its result, per-minute metrics and summary. ``profiled`` caches the unified plan's
+    quality model per profile (:func:`profiled_quality`)."""
+    from argusdiff.policies import make_policy, policy_class
+    from argusdiff.simulator import SimConfig, minute_metrics, simulate, summarize
+
+    cls = policy_class(name)
+    fam = "cascade" if spec.cascade_baselines and cls.cascade_baseline else cls.family
+    prof = shared.profiles[on or fam]
+    if not prof.strategies & cls.strategies:
+        kinds = "/".join(sorted(s.value for s in cls.strategies))
+        have = "/".join(sorted(s.value for s in prof.strategies))
+        raise ConfigError(f"--profile: {name} needs a {kinds} profile, {prof.name!r} is {have}")
+    # DiffServe's controller refreshes every 1 s; the others plan every period (ARGUS: 60 s)
+    period = (spec.period_s or 60.0) if cls.family != "cascade" else (spec.period_s or spec.cascade_period_s)
+    options: dict[str, Any] = {"slo_s": shared.slo_s, "period_s": period, **spec.policy_options, **extra}
+    if prof.cascades:
+        options["tier_slo"] = shared.tier_slo
+        if prof.name not in profiled:
+            profiled[prof.name] = profiled_quality(wl, prof)
+        options.update(profiled[prof.name])
+    if spec.predictor == "source":
+        options.setdefault("predictor", cls.source_predictor)
+    elif spec.predictor is not None:
+        options.setdefault("predictor", spec.predictor)
+    if cls.uses_fallback and prof.strategies == {Strategy.AC}:
+        options["fallback"] = shared.profiles["sm"]
+    if cls.needs_peak:
+        options["peak_qpm"] = shared.peak_qpm
+    policy = make_policy(
+        name,
+        prof,
+        rng=np.random.default_rng([spec.seed, _stable_hash(label)]),
+        config=options,
+    )
+    cfg = SimConfig(
+        gpus=spec.gpus,
+        period_s=period,
+        slo_s=shared.slo_s,
+        seed=spec.seed,
+        jitter=spec.jitter,
+        cache_latency_s=spec.cache_latency_s,
+        cache_prefill=spec.cache_prefill,
+        faults=shared.faults,
+        tier_slo=shared.tier_slo,
+        max_resident_models=spec.max_resident_models,
+        admission=shared.admission,
+    )
+    cb = (lambda f, _label=label: progress(_label, f)) if progress else None
+    res = simulate(policy, wl, cfg, progress=cb)
+    res.policy = label
+    m = minute_metrics(res)
+    s = summarize(res, m)
+    s["policy"] = label
+    s["admission"] = "on" if shared.admission.enabled else "off"
+    s["period_s"] = period
+    s["predictor"] = policy.describe().get("predictor", "")
+    if spec.drift is not None and policy.uses_classifier:
+        from argusdiff.simulator.drift import replay_drift
+
+        s["drift"] = replay_drift(res, spec.drift, seed=spec.seed).as_dict()
+    return res, m, s
 
 
 def _admission(value: Any):

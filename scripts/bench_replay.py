@@ -43,7 +43,7 @@ def main() -> int:
     t0 = time.perf_counter()
     prepared = prepare(spec)
     t_prep = time.perf_counter() - t0
-    wl = prepared[0]
+    wl = prepared.workload
     print(f"machine: {platform.machine()} {os.cpu_count()} cpus; python {platform.python_version()}")
     print(f"trace {args.trace}: {wl.n_requests} requests; workload built in {t_prep:.1f} s; "
           f"admission {'off' if args.no_admission else 'on'}")  # fmt: skip

@@ -42,7 +42,7 @@ def main() -> int:
 
     spec = ReplaySpec(trace=args.trace, gpus=args.gpus, embeddings=not args.no_embeddings, policies=[])
     prepared = prepare(spec)
-    wl = prepared[0]
+    wl = prepared.workload
     print(f"trace {args.trace}: {wl.n_requests} requests, {args.gpus} workers; quality: {wl.quality_source}")
     for name in [p for p in args.policies.split(",") if p]:
         spec.policies = [name]
