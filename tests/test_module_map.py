@@ -28,7 +28,8 @@ def test_the_architecture_docs_list_every_module_as_the_code_describes_it():
 def test_the_summary_is_the_first_sentence_on_one_line(tmp_path):
     mm = _script()
     f = tmp_path / "m.py"
-    f.write_text('"""Solve one allocation (ARGUS Eq. 1), e.g. for :class:`~argusdiff.domain.Plan`. More\ntext.\n\nDetail."""\n')
+    doc = "Solve one allocation (ARGUS Eq. 1), e.g. for :class:`~argusdiff.domain.Plan`. More\ntext.\n\nDetail."
+    f.write_text(f'"""{doc}"""\n')
     assert mm.summary(f) == "Solve one allocation (ARGUS Eq. 1), e.g. for `argusdiff.domain.Plan`."
     f.write_text("x = 1\n")
     assert mm.summary(f) == "(no docstring)"
