@@ -1,3 +1,5 @@
+"""`python -m argusdiff`: the same command line as `argusdiff`."""
+
 import sys
 
 from argusdiff.cli import main
