@@ -33,3 +33,50 @@ def test_the_summary_is_the_first_sentence_on_one_line(tmp_path):
     assert mm.summary(f) == "Solve one allocation (ARGUS Eq. 1), e.g. for `argusdiff.domain.Plan`."
     f.write_text("x = 1\n")
     assert mm.summary(f) == "(no docstring)"
+
+
+def _defined(path: Path, chain: list[str]) -> bool:
+    """Whether ``chain`` (e.g. ["Router", "submit"]) names a class/function/assignment in ``path``."""
+    import ast
+
+    body = ast.parse(path.read_text(encoding="utf-8")).body
+    for name in chain:
+        found = None
+        for node in body:
+            names = []
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                names = [node.name]
+            elif isinstance(node, ast.Assign):
+                names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                names = [node.target.id]
+            if name in names:
+                found = node
+                break
+        if found is None:
+            return False
+        body = getattr(found, "body", [])
+    return True
+
+
+def test_the_tour_names_functions_that_exist():
+    """Every dotted name the newcomer's tour cites (``package.module.Name.attr``) is defined."""
+    import re
+
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    tour = text.split("## A newcomer's tour", 1)[1].split("\n## ", 1)[0]
+    cited = set(re.findall(r"`((?:argusdiff|solver|workers|cache|classifiers|traces)\.[\w.]+)`", tour))
+    assert len(cited) > 15
+    missing = []
+    for dotted in sorted(cited):
+        parts = dotted.split(".")
+        for k in range(len(parts), 0, -1):
+            base = ROOT.joinpath(*parts[:k])
+            path = base.with_suffix(".py") if base.with_suffix(".py").exists() else base / "__init__.py"
+            if path.exists():
+                if not _defined(path, parts[k:]):
+                    missing.append(dotted)
+                break
+        else:
+            missing.append(dotted)
+    assert not missing, missing
