@@ -26,7 +26,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from argusdiff.domain import ClusterStats, Plan, Strategy
+from argusdiff.service.cluster import ClusterRouterView
 from argusdiff.service.metrics import ServiceMetrics
+from argusdiff.service.ports import ControlQueue
+from argusdiff.service.router import Router
+from argusdiff.service.store import ControlStore
 
 __all__ = ["ControlLoop"]
 
@@ -37,9 +41,9 @@ class ControlLoop:
     def __init__(
         self,
         *,
-        router: Any,
-        store: Any,
-        queue: Any,
+        router: Router | ClusterRouterView,
+        store: ControlStore,
+        queue: ControlQueue,
         metrics: ServiceMetrics,
         period_s: float,
         heartbeat_s: float,

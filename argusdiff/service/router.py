@@ -23,11 +23,14 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from argusdiff.admission import Admission, AdmissionConfig, Decision
+from argusdiff.config import ServiceConfig
 from argusdiff.domain import ApproxLevel, Assignment, Plan, Profile, Request, Tier, level_catalogue
 from argusdiff.policies.base import FLOOR_UNMET, Policy, RouteView
 from argusdiff.service.errors import ApiError, QueueUnavailable
 from argusdiff.service.health import CacheHealth
 from argusdiff.service.metrics import ServiceMetrics
+from argusdiff.service.ports import PromptClassifier, PromptSimilarity, RouterDispatch
+from argusdiff.service.prompt_pass import PromptPass
 from argusdiff.service.schemas import GenerationSpec, Limits
 from cache.api import EMBEDDING_META_KEY, CacheUnavailable, encode_embedding
 from workers.messages import WorkItem, WorkResult
@@ -84,16 +87,16 @@ class Router:
         *,
         profile: Profile,
         policy: Policy,
-        dispatch: Any,
+        dispatch: RouterDispatch,
         metrics: ServiceMetrics,
-        config: Any,
-        classifier: Any = None,
+        config: ServiceConfig,
+        classifier: PromptClassifier | None = None,
         fallback: Profile | None = None,
         cache_health: CacheHealth | None = None,
         sizes: tuple[str, ...] | None = None,
-        similarity: Any = None,
+        similarity: PromptSimilarity | None = None,
         admission: AdmissionConfig | None = None,
-        prompt_pass: Any = None,
+        prompt_pass: PromptPass | None = None,
         clock=time.time,
     ) -> None:
         self.profile = profile
