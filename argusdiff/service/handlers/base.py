@@ -1,0 +1,244 @@
+"""What every endpoint shares: :class:`Api` (the service's parts the handlers use, passed to each
+handler module explicitly), authentication, reading a JSON body within its limits, the wrapper that
+turns errors into OpenAI-shaped bodies and counts every response, and :class:`EventStream`, the
+server-sent-events response of a streamed generation."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+
+from argusdiff.config import ServiceConfig
+from argusdiff.service import schemas as s
+from argusdiff.service.app import Service
+from argusdiff.service.dispatch import Dispatch
+from argusdiff.service.errors import ApiError, error_body
+from argusdiff.service.idempotency import IdempotentSubmit
+from argusdiff.service.metrics import ServiceMetrics
+from argusdiff.service.router import Router
+
+__all__ = ["CLIENT_CLOSED", "Api", "ClientGone", "EventStream", "Handler", "disconnected", "dump"]
+
+log = logging.getLogger("argusdiff.api")
+
+Handler = Callable[[Request], Awaitable[Response]]
+CLIENT_CLOSED = 499  # nginx's "client closed request": counted, never sent
+
+
+class ClientGone(Exception):
+    """The client disconnected (mid-body, while waiting or streaming)."""
+
+
+def error_response(exc: ApiError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+def dump(model: Any, **kw: Any) -> dict[str, Any]:
+    return model.model_dump(mode="json", **kw)
+
+
+async def disconnected(request: Request) -> None:
+    """Returns when the client disconnects (call once the body has been read)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+class EventStream(Response):
+    """``text/event-stream`` of one streamed generation; it watches the connection itself, so a
+    client that goes away cancels the work at once, and it counts its own final status."""
+
+    media_type = "text/event-stream"
+
+    def __init__(
+        self,
+        run: Callable[[Callable[[str, dict], Awaitable[None]], asyncio.Event], Awaitable[int]],
+        on_close: Callable[[int], None] | None = None,
+    ) -> None:
+        self.status_code = 200
+        self.on_close = on_close
+        self.background = None
+        self.raw_headers = [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+            (b"x-accel-buffering", b"no"),
+        ]
+        self.run = run
+        self.final_status = 200
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        gone = asyncio.Event()
+
+        async def watch() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone.set()
+
+        async def emit(name: str, data: dict) -> None:
+            if gone.is_set():
+                raise ClientGone
+            chunk = f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+            try:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            except OSError:
+                gone.set()
+                raise ClientGone from None
+
+        watcher = asyncio.create_task(watch())
+        try:
+            self.final_status = await self.run(emit, gone)
+            if not gone.is_set():
+                try:
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                except OSError:
+                    self.final_status = CLIENT_CLOSED
+        except BaseException:
+            self.final_status = 500 if not gone.is_set() else CLIENT_CLOSED
+            raise
+        finally:
+            watcher.cancel()
+            if self.on_close is not None:
+                self.on_close(self.final_status)
+
+
+@dataclass(frozen=True, slots=True)
+class Api:
+    """The parts of a :class:`~argusdiff.service.app.Service` the handlers use."""
+
+    service: Service
+    config: ServiceConfig
+    router: Router
+    dispatch: Dispatch
+    metrics: ServiceMetrics
+    limits: s.Limits
+    levels: tuple[str, ...]  # the profile's level ids, best quality first
+    keys: tuple[bytes, ...]  # API keys; empty: no authentication
+    idem: IdempotentSubmit  # Idempotency-Key: a retry through any router gets the original result
+
+    @classmethod
+    def of(cls, service: Service) -> Api:
+        cfg = service.config
+        router = service.router
+        return cls(
+            service=service,
+            config=cfg,
+            router=router,
+            dispatch=service.dispatch,
+            metrics=service.metrics,
+            limits=router.limits,
+            levels=tuple(router.profile.ids),
+            keys=tuple(k.encode() for k in cfg.api_keys),
+            idem=IdempotentSubmit(service),
+        )
+
+    def check_auth(self, request: Request) -> None:
+        if not self.keys:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            raise ApiError(
+                401,
+                "missing API key: send 'Authorization: Bearer <key>'",
+                param=None,
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        supplied = token.strip().encode()
+        if not any(hmac.compare_digest(supplied, k) for k in self.keys):
+            raise ApiError(401, "invalid API key", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+    async def read_body(self, request: Request) -> bytes:
+        limit = self.config.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None:
+            try:
+                too_big = int(declared) > limit
+            except ValueError:
+                raise ApiError(400, "invalid Content-Length header", code="invalid_header") from None
+            if too_big:
+                raise ApiError(413, f"request body larger than {limit} bytes", code="body_too_large")
+        chunks = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise ApiError(413, f"request body larger than {limit} bytes", code="body_too_large")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def read_json(self, request: Request) -> Any:
+        cfg = self.config
+        try:
+            async with asyncio.timeout(cfg.body_timeout_s):
+                raw = await self.read_body(request)
+        except TimeoutError:
+            raise ApiError(
+                408,
+                f"the request body did not arrive within {cfg.body_timeout_s:g} s",
+                code="body_timeout",
+                headers={"Connection": "close"},
+            ) from None
+        except ClientDisconnect:
+            raise ClientGone from None
+        if not raw.strip():
+            raise ApiError(400, "the request body is empty: send a JSON object", code="invalid_body")
+        try:
+            return json.loads(raw)
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            raise ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
+
+    def endpoint(self, name: str, handler: Handler) -> Handler:
+        """``handler`` with its errors as JSON bodies and every response counted under ``name``."""
+        metrics = self.metrics
+
+        async def wrapped(request: Request) -> Response:
+            try:
+                response = await handler(request)
+            except ApiError as exc:
+                response = error_response(exc)
+            except ClientGone:
+                log.info("%s: the client went away (499)", name)
+                metrics.http.labels(name, str(CLIENT_CLOSED)).inc()
+                return Response(status_code=CLIENT_CLOSED)
+            except Exception:
+                log.exception("unhandled error in %s", name)
+                response = JSONResponse(
+                    error_body("internal error; the incident was logged", type="server_error", code="internal_error"),
+                    status_code=500,
+                )
+            if isinstance(response, EventStream):  # counted when the stream ends
+                response.on_close = lambda status: metrics.http.labels(name, str(status)).inc()
+                return response
+            metrics.http.labels(name, str(response.status_code)).inc()
+            return response
+
+        return wrapped
+
+    def base_url(self, request: Request) -> str:
+        """``public_url``, else the address this connection reached (the socket's, not ``Host``)."""
+        cfg = self.config
+        if cfg.public_url:
+            return cfg.public_url.rstrip("/")
+        host, port = request.scope.get("server") or (cfg.host, cfg.port)
+        if ":" in str(host):
+            host = f"[{host}]"
+        scheme = request.scope.get("scheme", "http")
+        default = {"http": 80, "https": 443}.get(scheme)
+        return f"{scheme}://{host}" + ("" if port == default else f":{port}")
+
+    def busy(self, message: str, code: str) -> ApiError:
+        """A 503 to retry (``Retry-After``)."""
+        return ApiError(
+            503, message, type="server_busy", code=code, headers={"Retry-After": str(self.config.retry_after_s)}
+        )

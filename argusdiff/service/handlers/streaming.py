@@ -1,0 +1,108 @@
+"""One streamed generation (``"stream": true``): the worker's progress and partial images, then the
+image or an error, as server-sent events on an :class:`~argusdiff.service.handlers.base.EventStream`.
+A client that goes away cancels the work; a stream that reaches ``request_timeout_s`` leaves it
+queued."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from argusdiff.service import schemas as s
+from argusdiff.service.errors import ApiError
+from argusdiff.service.handlers.base import CLIENT_CLOSED, Api, ClientGone, dump
+from argusdiff.service.handlers.work import cancel, lost, timed_out
+from argusdiff.service.images import encode
+from argusdiff.service.router import Submission
+from workers.messages import WorkResult
+
+__all__ = ["Emit", "stream_run"]
+
+Emit = Callable[[str, dict], Awaitable[None]]
+
+
+def stream_run(api: Api, sub: Submission, spec: s.GenerationSpec) -> Callable[[Emit, asyncio.Event], Awaitable[int]]:
+    """The body of ``sub``'s event stream: ``run(emit, gone)`` returns the final status."""
+    dispatch = api.dispatch
+    rid = sub.request_ids[0]
+    events = dispatch.events(rid)
+
+    def common() -> dict[str, Any]:
+        return {
+            "created_at": int(time.time()),
+            "size": spec.size,
+            "quality": spec.quality,
+            "background": "opaque",
+            "output_format": spec.output_format,
+        }
+
+    async def b64(png: bytes) -> str:
+        data = await asyncio.to_thread(encode, png, spec.output_format, spec.output_compression)
+        return base64.b64encode(data).decode("ascii")
+
+    async def error(emit: Emit, exc: ApiError) -> int:
+        await emit("error", exc.body())
+        return exc.status
+
+    async def run(emit: Emit, gone: asyncio.Event) -> int:
+        deadline = time.monotonic() + api.config.request_timeout_s
+        partials = 0
+        watch = asyncio.ensure_future(gone.wait())
+        try:
+            while True:
+                nxt = asyncio.ensure_future(events.get())
+                await asyncio.wait({nxt, watch}, timeout=deadline - time.monotonic(),
+                                   return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+                if not nxt.done():
+                    nxt.cancel()
+                    if gone.is_set():
+                        raise ClientGone
+                    dispatch.detach([rid])
+                    return await error(emit, timed_out(api, sub.id))
+                kind, payload = nxt.result()
+                if kind == "event" and payload.get("type") == "progress":
+                    await emit("argusdiff.progress", dump(s.ProgressEvent(
+                        created_at=int(time.time()), step=int(payload["step"]), steps=int(payload["steps"]),
+                        level=payload.get("level"))))  # fmt: skip
+                elif kind == "event" and payload.get("type") == "partial" and payload.get("png"):
+                    # numbered here: a deferred cascade's heavy level starts its own count again
+                    if partials < spec.partial_images:
+                        await emit(
+                            "image_generation.partial_image",
+                            dump(
+                                s.ImagePartialEvent(
+                                    b64_json=await b64(payload["png"]), partial_image_index=partials, **common()
+                                )
+                            ),
+                        )
+                        partials += 1
+                elif kind == "result":
+                    res: WorkResult = payload
+                    if not res.ok or res.image_png is None:
+                        return await error(
+                            emit,
+                            ApiError(
+                                500,
+                                f"generation {sub.id}: the image failed at level {res.level} "
+                                f"({res.error_type or 'error'})",
+                                type="server_error",
+                                code="generation_failed",
+                            ),
+                        )
+                    await emit(
+                        "image_generation.completed",
+                        dump(s.ImageCompletedEvent(b64_json=await b64(res.image_png), **common())),
+                    )
+                    return 200
+                elif kind == "error":
+                    return await error(emit, lost(api, sub.id, payload))
+        except ClientGone:
+            await cancel(api, sub)
+            return CLIENT_CLOSED
+        finally:
+            watch.cancel()
+
+    return run
