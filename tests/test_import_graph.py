@@ -167,3 +167,32 @@ def test_the_check_finds_cycles_of_every_kind(tmp_path):
     assert "pkg.b (line 2) -> pkg.c" in describe(graph, components(graph)[0])
     (tmp_path / "pkg/c.py").write_text("import os\n")
     assert components(import_graph(tmp_path, ["pkg"])) == []
+
+
+#: what the subsystem packages may import from ``argusdiff`` (docs/architecture.md, "Import
+#: direction"): the domain types, errors, settings and profiles, and two standard-library-only leaves
+#: (the model-build lock and the micro-batcher); the package itself for its version
+SUBSYSTEM_MAY_IMPORT = {
+    "argusdiff",
+    "argusdiff.domain",
+    "argusdiff.errors",
+    "argusdiff.config",
+    "argusdiff.profile",
+    "argusdiff.loading",
+    "argusdiff.batching",
+}
+
+
+def test_subsystem_packages_import_only_argusdiffs_leaves():
+    graph = import_graph(ROOT)
+    wrong = sorted(
+        f"{mod} imports {dep} (line {line})"
+        for mod, deps in graph.items()
+        if mod.split(".")[0] in ("cache", "solver", "workers", "classifiers", "traces")
+        for dep, line in deps.items()
+        if dep.split(".")[0] == "argusdiff" and dep not in SUBSYSTEM_MAY_IMPORT
+    )
+    assert not wrong, "\n".join(wrong)
+    # the two leaves stay leaves: standard library only
+    for leaf in ("argusdiff.loading", "argusdiff.batching"):
+        assert not graph[leaf], (leaf, graph[leaf])

@@ -48,6 +48,8 @@ from argusdiff.policies.base import (
 from argusdiff.policies.state import export_histograms, export_scalars, import_histograms, import_scalars
 from argusdiff.predictors import AffinityHistogram
 from solver import DEFAULT_FORMULATION
+from solver.allocate import allocate
+from solver.oda import oda
 
 __all__ = ["Argus", "ArgusOptions", "Pac", "capacity_share"]
 
@@ -265,13 +267,9 @@ class Argus(Policy, name="argus", family="ac"):
         return tuple(hist.shares())
 
     def pasm(self, affinity: tuple[float, ...], share: tuple[float, ...]) -> tuple[tuple[float, ...], ...]:
-        from solver.oda import oda
-
         return tuple(tuple(row) for row in oda(affinity, share))
 
     def allocate(self, profile: Profile, stats: ClusterStats, demand: float, margin: float):
-        from solver.allocate import allocate
-
         o = self.options
         current = self.planned_current(profile, stats)
         return allocate(

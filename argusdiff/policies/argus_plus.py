@@ -39,6 +39,9 @@ from argusdiff.policies.unified import (
     tier_mix,
     unified_plan,
 )
+from cache.policy import k_for_similarity
+from solver.allocate import allocate
+from solver.paths import DEFAULT_TIER_DEADLINE
 
 __all__ = ["ArgusPlus", "ArgusPlusOptions"]
 
@@ -132,7 +135,6 @@ class ArgusPlus(Argus, name="argus+", family="ac"):
     def plan(self, stats: ClusterStats) -> Plan:
         if not self.unified:
             return super().plan(stats)
-        from solver.paths import DEFAULT_TIER_DEADLINE
 
         profile = self.profile
         affinity = self.shares_for(profile, stats)
@@ -174,8 +176,6 @@ class ArgusPlus(Argus, name="argus+", family="ac"):
         return predicted
 
     def allocate(self, profile, stats: ClusterStats, demand: float, margin: float):
-        from solver.allocate import allocate
-
         o = self.options
         levels = profile.levels
         cache_free = None
@@ -261,8 +261,6 @@ class ArgusPlus(Argus, name="argus+", family="ac"):
         ac = plan.strategy is Strategy.AC and not mixed
         hit_ok = True
         if ac or mixed:
-            from cache.policy import k_for_similarity
-
             sim = view.cache_similarity
             hit_ok = view.cache_healthy and sim is not None and k_for_similarity(sim) > 0
         r = self.routing(plan)

@@ -27,6 +27,7 @@ from typing import Any
 
 from argusdiff.domain import Assignment, ClusterStats, Plan, Request, Strategy
 from argusdiff.policies.base import CommonOptions, Policy, PolicyError, RouteView, require, select_worker
+from solver.cascade import solve_cascade
 
 __all__ = ["ALLOCATION_PERIOD_S", "DiffServe", "DiffServeOptions", "DiffServeStatic", "DiffServeStaticOptions"]
 
@@ -114,7 +115,6 @@ class DiffServe(Policy, name="diffserve", family="cascade"):
         """The MILP for this period. Its answer is memoised on rounded inputs (demand to a 4%
         grid, queue lengths down to a power of two, capped at 128): a 1 s control loop sees the
         same rounded inputs again and again, and one solve costs 5-15 ms on this machine."""
-        from solver.cascade import solve_cascade
 
         d = _bucket_rate(demand)
         ql = _bucket_queue(int(stats.level_queue.get(self.light.id, 0)))

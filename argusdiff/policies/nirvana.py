@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from argusdiff.domain import Assignment, ClusterStats, Plan, Request, Strategy
 from argusdiff.policies.base import Policy, PolicyError, RouteView
+from cache.policy import CachePolicy, k_for_similarity
 
 __all__ = ["Nirvana"]
 
@@ -33,8 +34,6 @@ class Nirvana(Policy, name="nirvana", family="ac"):
         another N is compared at the same fraction of its trajectory, as the cache judges it)."""
         got = self._k_cache.get(k)
         if got is None:
-            from cache.policy import CachePolicy
-
             scale = CachePolicy().scaled_k
             steps = {lv.skip: lv.steps for lv in self.profile.levels}
             usable = [s for s in self.ks if scale(s, steps[s]) <= k]
@@ -46,8 +45,6 @@ class Nirvana(Policy, name="nirvana", family="ac"):
         return self.static_plan(stats, self.profile.levels[0].id, note="nirvana: AC on every worker")
 
     def route(self, request: Request, plan: Plan, view: RouteView) -> Assignment:
-        from cache.policy import k_for_similarity
-
         sim = view.cache_similarity
         k = k_for_similarity(sim) if (sim is not None and view.cache_healthy) else 0
         workers = list(plan.assignment)

@@ -31,6 +31,9 @@ import numpy as np
 
 from argusdiff.domain import Assignment, ClusterStats, Plan, Profile, Request, Strategy
 from argusdiff.policies.base import RouteView, select_worker
+from cache.policy import k_for_similarity
+from solver.paths import TierSpec, class_quality_model, nitsum_tiers, problem_from_profile, ranked_deferral
+from solver.unified import plan_unified, restrict
 
 __all__ = ["STRATEGY_NAMES", "UnifiedRouting", "tier_mix", "unified_plan"]
 
@@ -101,8 +104,6 @@ def unified_plan(
     version: int,
 ) -> Plan:
     """The plan of ``policy`` (an argus+ on a profile with several kinds of path) for ``stats``."""
-    from solver.paths import TierSpec, nitsum_tiers, problem_from_profile, ranked_deferral
-    from solver.unified import plan_unified, restrict
 
     o = policy.options
     margin = float(policy.predictor_spec.margin)
@@ -248,8 +249,6 @@ class UnifiedRouting:
     )
 
     def __init__(self, plan: Plan, profile: Profile) -> None:
-        from solver.paths import class_quality_model
-
         self.version = plan.version
         self.levels = plan.levels
         self.index = {lv: i for i, lv in enumerate(plan.levels)}
@@ -314,8 +313,6 @@ def route_unified(policy: Any, r: UnifiedRouting, request: Request, view: RouteV
         return Assignment(level=r.levels[j], worker=None, reason="no worker in the plan")
     hit_ok = True
     if any(r.needs_hit):
-        from cache.policy import k_for_similarity
-
         sim = view.cache_similarity
         hit_ok = view.cache_healthy and sim is not None and k_for_similarity(sim) > 0
     now = view.now_s
