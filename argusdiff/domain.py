@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 __all__ = [
+    "TIER_PRIORITY",
     "ApproxLevel",
     "Assignment",
     "CascadeSpec",
@@ -27,6 +28,7 @@ __all__ = [
     "Strategy",
     "Tier",
     "level_catalogue",
+    "tier_rank",
 ]
 
 
@@ -47,6 +49,20 @@ class Tier(enum.StrEnum):
     INTERACTIVE = "interactive"
     STANDARD = "standard"
     BATCH = "batch"
+
+
+#: Pull order of the tiers at a level, highest priority first: the :class:`Tier` order. A worker
+#: takes queued work of the first tier that has any (FIFO within a tier), in the simulator and in
+#: both work queues of the service (one decision path).
+TIER_PRIORITY: tuple[str, ...] = tuple(t.value for t in Tier)
+_TIER_RANK: dict[str, int] = {name: k for k, name in enumerate(TIER_PRIORITY)}
+
+
+def tier_rank(tier: str | None) -> int:
+    """The pull rank of ``tier`` (0 is pulled first). A request with no tier, or one the
+    :class:`Tier` enum does not name, ranks as ``standard``, the tier of untiered traffic."""
+    rank = _TIER_RANK.get(str(tier)) if tier is not None else None
+    return rank if rank is not None else _TIER_RANK[Tier.STANDARD.value]
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,6 +54,44 @@ def test_queue_fifo_ack_nack_and_counts():
     assert q.get("c", timeout=0) is None
 
 
+def test_queue_pulls_the_highest_priority_tier_first():
+    """At one level, interactive work is taken before standard and batch work queued earlier
+    (FIFO within a tier; an untiered item ranks as standard); a nack returns an item to the front
+    of its own tier, and the counts cover every tier."""
+    q = InProcessWorkQueue()
+    order = [("b1", "batch"), ("s1", "standard"), ("u1", None), ("b2", "batch"), ("i1", "interactive"),
+             ("s2", "standard"), ("i2", "interactive")]  # fmt: skip
+    for rid, tier in order:
+        q.put("a", WorkItem(rid, "p", "a", meta={"tier": tier} if tier else {}))
+    assert q.qsize("a") == 7
+    first = q.get("a", timeout=0)
+    assert first.request_id == "i1" and first.tier == "interactive"
+    nxt = q.get("a", timeout=0)
+    assert nxt.request_id == "i2"
+    assert (q.qsize("a"), q.pending("a")) == (5, 2)
+    q.nack(nxt)  # back to the front of the interactive tier, ahead of the standard work
+    q.ack(first)
+    taken = []
+    while (item := q.get("a", timeout=0)) is not None:
+        taken.append(item.request_id)
+        q.ack(item)
+    assert taken == ["i2", "s1", "u1", "s2", "b1", "b2"]
+    assert (q.qsize("a"), q.pending("a"), q.acked, q.requeued) == (0, 0, 7, 1)
+
+
+def test_embedded_queue_cancel_and_migrate_keep_the_tier_order():
+    from argusdiff.service.dispatch import LocalWorkQueue
+
+    q = LocalWorkQueue()
+    for rid, tier in [("b1", "batch"), ("s1", "standard"), ("i1", "interactive"), ("i2", "interactive")]:
+        q.put("a", WorkItem(rid, "p", "a", meta={"tier": tier}))
+    q.put("c", WorkItem("c1", "p", "c", meta={"tier": "interactive"}))
+    assert q.cancel("i1") and not q.cancel("i1")
+    assert q.migrate("a", "c") == 3
+    taken = [q.get("c", timeout=0).request_id for _ in range(4)]
+    assert taken == ["c1", "i2", "s1", "b1"] and q.get("a", timeout=0) is None
+
+
 def test_results_are_delivered_once_across_threads():
     q = InProcessWorkQueue()
     got = []

@@ -56,6 +56,12 @@ class WorkItem:
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise ValueError(f"WorkItem.seed must be an integer or None, got {self.seed!r}")
 
+    @property
+    def tier(self) -> str | None:
+        """The request's SLO tier (``meta["tier"]``; None for untiered work): the work queues pull
+        a level's queued items highest-priority tier first (:data:`argusdiff.domain.TIER_PRIORITY`)."""
+        return self.meta.get("tier") or None
+
     def with_receipt(self, receipt: str | None) -> WorkItem:
         return replace(self, receipt=receipt)
 

@@ -35,7 +35,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -44,7 +44,7 @@ from argusdiff.service.errors import QueueUnavailable, ShuttingDown, WorkLost
 from argusdiff.service.idempotency import current_guard
 from argusdiff.service.images import ImageStore, encode, image_id
 from workers.messages import WorkItem, WorkResult
-from workers.queue import InProcessWorkQueue
+from workers.queue import InProcessWorkQueue, TierQueue
 
 __all__ = ["Delivery", "Dispatch", "LocalDispatch", "LocalWorkQueue", "RedisDispatch", "ResultMemory"]
 
@@ -144,7 +144,7 @@ class LocalWorkQueue(InProcessWorkQueue):
             src = self._queues.get(from_level)
             if not src:
                 return 0
-            dst = self._queues.setdefault(to_level, deque())
+            dst = self._queues.setdefault(to_level, TierQueue())
             moved = 0
             while src and moved < limit:
                 item = src.popleft()
