@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 
@@ -87,11 +88,18 @@ def test_tier_multipliers_set_each_requests_slo_and_violations_split_per_tier(ac
     for name, d in per.items():
         sel = (t == name) & (res.status == 1)
         assert d["within_slo"] == int(np.sum(lat[sel] <= res.req_slo_s[sel] + 1e-9))
-    # the same mechanism outcomes, judged per tier: batch has a 4x SLO so it cannot violate more
-    assert per["batch"]["slo_violation_ratio"] <= per["interactive"]["slo_violation_ratio"]
-    # a configurable multiplier: batch at 1x equals the untiered judgement
+    # workers pull interactive work first: at the same 1x SLO it is late no more often than standard
+    assert per["interactive"]["slo_violation_ratio"] <= per["standard"]["slo_violation_ratio"]
+    # a configurable multiplier: batch at 1x tightens only the batch tier's judgement
     res1 = _run("pac", ac, wl, sm, tier_slo={"interactive": 1.0, "standard": 1.0, "batch": 1.0})
-    assert summarize(res1)["within_slo"] == summarize(_run("pac", ac, base_wl, sm))["within_slo"]
+    per1 = summarize(res1)["tiers"]
+    assert per1["batch"]["slo_s"] == pytest.approx(SLO)
+    assert per1["batch"]["within_slo"] <= per["batch"]["within_slo"]
+    # one tier for every request is the untiered run: the same pull order, the same outcomes
+    same = _run("pac", ac, _with(base_wl, tier=("standard",) * base_wl.n_requests), sm)
+    untiered = _run("pac", ac, base_wl, sm)
+    assert np.array_equal(same.status, untiered.status)
+    assert np.array_equal(same.finish_s, untiered.finish_s, equal_nan=True)
 
 
 def test_explicit_per_request_slo_wins_over_the_tier(ac, sm, base_wl):
@@ -255,3 +263,39 @@ def test_build_workload_sorts_slos_and_tiers_with_arrivals(ac):
     )
     assert list(wl.slo_s) == [10.0, 20.0, 30.0]
     assert wl.tier == ("interactive", "standard", "batch")
+
+
+def test_interactive_requests_overtake_queued_batch_work_at_their_level(sm):
+    """One worker on one level, batch size 1: work queued behind the running request is pulled
+    interactive first, then standard, then batch (FIFO within a tier), as the service's queues;
+    the running request is not preempted and the worker does the same work in the same time."""
+    from argusdiff.simulator.workload import Workload
+
+    base = quick_workload("poisson:qpm=60,duration=1m", [sm], n_prompts=20)
+    arrivals = np.array([0.0, 0.01, 0.02, 0.03, 0.04, 0.05, 0.1, 0.2, 0.3])
+    tiers = ("batch",) * 6 + ("standard", "interactive", "interactive")
+
+    def sim(tier):
+        wl = Workload(
+            arrivals_s=arrivals, prompt_idx=np.arange(len(arrivals)) % len(base.prompts), prompts=base.prompts,
+            quality=base.quality, relative=base.relative, optimal=base.optimal, tier=tier,
+        )  # fmt: skip
+        pol = make_policy("clipper-ha", sm, rng=np.random.default_rng(0), config={"period_s": 60.0})
+        res = simulate(pol, wl, SimConfig(gpus=1, period_s=60.0, slo_s=100.0))
+        assert res.plans[0]["workers"] == 1 and len({lv for lv in res.level}) == 1
+        assert np.all(res.status == 1)
+        return res
+
+    tiered, fifo = sim(tiers), sim(None)
+    assert list(np.argsort(fifo.finish_s, kind="stable")) == list(range(9))  # one tier: arrival order
+    assert list(np.argsort(tiered.finish_s, kind="stable")) == [0, 7, 8, 6, 1, 2, 3, 4, 5]
+    # work-conserving: the same batches, the last one done at the same time, none overlapping
+    assert len(tiered.busy) == len(fifo.busy) == 9
+    assert tiered.finish_s.max() == pytest.approx(fifo.finish_s.max())
+    spans = sorted((s, e) for _, s, e in tiered.busy)
+    assert all(e1 <= s2 + 1e-9 for (_, e1), (s2, _) in itertools.pairwise(spans))
+    # the interactive requests waited only for the request in service and each other
+    wait = tiered.finish_s - arrivals
+    assert wait[7] < wait[8] < wait[6] < wait[1:6].min()
+    summary = summarize(tiered)["tiers"]
+    assert summary["interactive"]["requests"] == 2 and summary["batch"]["requests"] == 6

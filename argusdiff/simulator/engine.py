@@ -2,11 +2,15 @@
 
 Virtual clock, deterministic for a seed. The mechanism modelled here:
 
-* **Workers** serve FIFO, one batch at a time. A request joins the last batch of its worker if
-  that batch has not started, runs the same level and is below the plan's batch size for that
-  level (greedy batching: a worker takes what is queued when it frees up); otherwise it starts a
-  new batch when the worker frees up. Batch time is the profile's ``latency(b)`` times an optional
-  log-normal jitter.
+* **Workers** serve one batch at a time, pulling a level's queue highest-priority SLO tier first
+  (``interactive``, ``standard``, ``batch``: :data:`argusdiff.domain.TIER_PRIORITY`; FIFO within
+  a tier), as the service's work queues do. A request joins the last batch of its worker if that
+  batch has not started, runs the same level and is below the plan's batch size for that level
+  (greedy batching: a worker takes what is queued when it frees up); otherwise it starts a new
+  batch when the worker frees up. A request of a higher-priority tier goes ahead of the batches
+  not yet started on its worker that hold only lower-priority work of the same model (joining the
+  first of them when it runs its level and has room); those start later by as much. Batch time is
+  the profile's ``latency(b)`` times an optional log-normal jitter.
 * **Model loads and residency**: a worker keeps up to ``max_resident_models`` models loaded (the
   live worker's ``[workers] max_loaded_models``, least recently used evicted first) within its
   GPU's memory (the profile's ``gpu_memory_gb`` and each level's ``memory_gb``, when given). A
@@ -55,7 +59,17 @@ from typing import Any
 import numpy as np
 
 from argusdiff.admission import ADMITTED, Admission, AdmissionConfig, Decision
-from argusdiff.domain import ApproxLevel, ClusterStats, Plan, Profile, Request, Strategy, Tier, level_catalogue
+from argusdiff.domain import (
+    ApproxLevel,
+    ClusterStats,
+    Plan,
+    Profile,
+    Request,
+    Strategy,
+    Tier,
+    level_catalogue,
+    tier_rank,
+)
 from argusdiff.errors import ConfigError
 from argusdiff.policies.base import Policy, RouteView
 from argusdiff.simulator.faults import Fault
@@ -69,8 +83,8 @@ DEFAULT_TIER_SLO: dict[str, float] = {"interactive": 1.0, "standard": 1.0, "batc
 INF = math.inf
 # request status
 PENDING, SERVED, DROPPED = 0, 1, 2
-# batch record fields (a list, mutated in place)
-B_START, B_FINISH, B_SIZE, B_LEVEL, B_MEMBERS, B_WORKER, B_JIT, B_EXTRA = range(8)
+# batch record fields (a list, mutated in place); B_RANK: the best tier rank of its members
+B_START, B_FINISH, B_SIZE, B_LEVEL, B_MEMBERS, B_WORKER, B_JIT, B_EXTRA, B_RANK = range(9)
 BIG_QUEUE = 10**9
 
 
@@ -268,6 +282,8 @@ class Simulator:
         self.req_slo = slo
         self.tier_names = names
         self.tier_codes = codes
+        # each request's pull rank (argusdiff.domain.TIER_PRIORITY: 0, interactive, is pulled first)
+        self.req_rank = np.array([tier_rank(t) for t in names], dtype=np.int8)[codes]
         # Request objects carry the tier as the domain enum when it is one, else the name
         self._tier_obj = tuple(Tier(t) if t in Tier._value2member_map_ else t for t in names)
         self._explicit = wl.slo_s is not None or wl.tier is not None or wl.min_quality is not None
@@ -835,30 +851,65 @@ class Simulator:
 
     # ---- data path mechanism ---------------------------------------------------------------
 
-    def _puller(self, level_id: str, served: ApproxLevel, t: float, bsize: int) -> int | None:
+    def _slot(self, w: int, served: ApproxLevel, t: float, bsize: int, rank: int) -> tuple[float, int, bool]:
+        """Where a request of tier rank ``rank`` at ``served`` goes on worker ``w``'s queue:
+        ``(start, k, join)``. The worker pulls the highest-priority tier first, so the request goes
+        ahead of the batches at the tail that have not started and hold only lower-priority work
+        of the same model (``k`` is the first of them; ``len(dq)`` when there is none, or when the
+        worker has a model load queued after its work). ``join``: it joins the batch at ``k - 1``
+        (greedy batching, when that batch has not started, runs ``served`` and has room), else
+        the one at ``k`` when that runs ``served`` and has room (``k < len(dq)``), else it starts
+        a new batch there."""
+        dq = self.dq[w]
+        n = len(dq)
+        k = n
+        ready = self.resident[w].get(served.model)
+        if n and ready is not None and self.free_at[w] == dq[-1][B_FINISH]:
+            levels = self.levels
+            model = served.model
+            while k > 0:
+                b = dq[k - 1]
+                if b[B_START] <= t or b[B_RANK] <= rank or levels[b[B_LEVEL]].model != model:
+                    break
+                k -= 1
+        if bsize > 1 and k > 0:
+            prev = dq[k - 1]
+            if prev[B_START] > t and prev[B_LEVEL] == served.id and prev[B_SIZE] < bsize:
+                return prev[B_START], k - 1, True
+        if k == n:
+            free = max(self.free_at[w], t)
+            start = free + served.load_time_s if ready is None else max(free, ready)
+            return start, k, False
+        nxt = dq[k]
+        if bsize > 1 and nxt[B_LEVEL] == served.id and nxt[B_SIZE] < bsize:
+            return nxt[B_START], k, True
+        start = max(t, dq[k - 1][B_FINISH] if k > 0 else t, ready if ready is not None else t)
+        return start, k, False
+
+    def _shift(self, w: int, k: int) -> None:
+        """Start the batches of ``w`` from index ``k`` on no earlier than the batch before each
+        finishes (after a request went ahead of them); the worker frees up when the last does."""
+        dq = self.dq[w]
+        prev = dq[k - 1][B_FINISH]
+        for j in range(k, len(dq)):
+            b = dq[j]
+            if b[B_START] < prev:
+                b[B_FINISH] += prev - b[B_START]
+                b[B_START] = prev
+            prev = b[B_FINISH]
+        self.free_at[w] = prev
+        self.view.busy_until[self.wids[w]] = prev
+
+    def _puller(self, level_id: str, served: ApproxLevel, t: float, bsize: int, rank: int) -> int | None:
         """The up worker that pulls ``level_id``'s queue (its planned workers, or the workers of an
-        AC sibling level when the plan gives it none) and starts this request first: it joins
-        the last batch of a worker when that batch has not started, runs ``served`` and has room
-        (greedy batching), else it starts when the worker frees up (and its model is ready)."""
+        AC sibling level when the plan gives it none) and starts this request first (``_slot``:
+        a higher-priority tier goes ahead of queued lower-priority work)."""
         best = None
         best_key = INF
         for w in self.pullers.get(level_id, ()):
             if not self.up[w]:
                 continue
-            dq = self.dq[w]
-            last = dq[-1] if dq else None
-            if (
-                bsize > 1
-                and last is not None
-                and last[B_START] > t
-                and last[B_LEVEL] == served.id
-                and last[B_SIZE] < bsize
-            ):
-                key = last[B_START]
-            else:
-                ready = self.resident[w].get(served.model)
-                free = max(self.free_at[w], t)
-                key = free + served.load_time_s if ready is None else max(free, ready)
+            key = self._slot(w, served, t, bsize, rank)[0]
             if key < best_key:
                 best_key, best = key, w
         return best
@@ -898,7 +949,8 @@ class Simulator:
         bsize = plan.batch_sizes.get(served.id, 1) if plan is not None and plan.batch_sizes else 1
         # pull-based per-level queues, as the service: the request goes to the worker of its level
         # that starts it first (FIFO over the level's workers); the policy's worker is an estimate
-        w = self._puller(level_id, served, t, bsize)
+        rank = int(self.req_rank[i])
+        w = self._puller(level_id, served, t, bsize, rank)
         if w is None:
             w = self._pick_up_worker(lv, t)
             if w is None:
@@ -917,23 +969,29 @@ class Simulator:
         now = t
         while dq and dq[0][B_FINISH] <= now:
             self.qlen[w] -= dq.popleft()[B_SIZE]
-        last = dq[-1] if dq else None
-        if bsize > 1 and last is not None and last[B_START] > t and last[B_LEVEL] == served.id and last[B_SIZE] < bsize:
-            last[B_SIZE] += 1
-            last[B_MEMBERS].append(i)
-            last[B_FINISH] = last[B_START] + served.latency(last[B_SIZE]) * last[B_JIT] + max(last[B_EXTRA], extra)
-            last[B_EXTRA] = max(last[B_EXTRA], extra)
-            batch = last
-            self.qlen[w] += 1
+        start, k, join = self._slot(w, served, t, bsize, rank)
+        if join:
+            batch = dq[k]
+            batch[B_SIZE] += 1
+            batch[B_MEMBERS].append(i)
+            batch[B_FINISH] = batch[B_START] + served.latency(batch[B_SIZE]) * batch[B_JIT] + max(batch[B_EXTRA], extra)
+            batch[B_EXTRA] = max(batch[B_EXTRA], extra)
+            batch[B_RANK] = min(batch[B_RANK], rank)
+            k += 1
         else:
-            start = max(self.free_at[w], t, ready)
+            if k == len(dq):
+                start = max(self.free_at[w], t, ready)
             finish = start + served.latency(1) * jit + extra
-            batch = [start, finish, 1, served.id, [i], w, jit, extra]
-            dq.append(batch)
+            batch = [start, finish, 1, served.id, [i], w, jit, extra, rank]
+            dq.insert(k, batch)
             self.busy.append(batch)
-            self.qlen[w] += 1
-        self.free_at[w] = batch[B_FINISH]
-        self.view.busy_until[self.wids[w]] = batch[B_FINISH]
+            k += 1
+        self.qlen[w] += 1
+        if k < len(dq):
+            self._shift(w, k)  # the lower-priority work it went ahead of starts later
+        else:
+            self.free_at[w] = batch[B_FINISH]
+            self.view.busy_until[self.wids[w]] = batch[B_FINISH]
         self.req_batch[i] = batch
         self.status[i] = SERVED
         self.level_arr[i] = self.cat_index[served.id]
