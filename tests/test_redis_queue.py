@@ -102,3 +102,82 @@ def test_unreachable_redis_raises_queue_unavailable(redis_server):
     with pytest.raises(QueueUnavailable):
         q.put("a", _item(0))
     assert not q.ping()
+
+
+def _tiered(rid: str, tier: str | None, level: str = "a") -> WorkItem:
+    return WorkItem(request_id=rid, prompt=rid, level=level, meta={"tier": tier} if tier else {})
+
+
+def test_workers_pull_the_highest_priority_tier_first(redis_server):
+    """One stream per (level, tier), untiered and standard work on the level's plain stream; a
+    worker takes interactive work first, FIFO within a tier; the counts cover every stream."""
+    q = RedisWorkQueue(redis_server.url, namespace="t7", consumer="w")
+    for rid, tier in [("b1", "batch"), ("s1", "standard"), ("u1", None), ("b2", "batch"), ("i1", "interactive"),
+                      ("s2", "standard"), ("i2", "interactive")]:  # fmt: skip
+        q.put("a", _tiered(rid, tier))
+    assert q.r.xlen(q.keys.stream("a")) == 3 and q.r.xlen(q.keys.stream("a", "interactive")) == 2
+    assert q.keys.stream("a", None) == q.keys.stream("a", "standard") == "t7:q:a"
+    assert q.qsize("a") == 7
+    first, nxt = q.get("a", timeout=0.1), q.get("a", timeout=0.1)
+    assert (first.request_id, nxt.request_id) == ("i1", "i2") and first.tier == "interactive"
+    assert (q.qsize("a"), q.pending("a"), q.pending_by_consumer("a")) == (5, 2, {"w": 2})
+    q.nack(nxt)  # back at the end of the interactive stream: still ahead of every other tier
+    q.ack(first)
+    taken = []
+    while (item := q.get("a", timeout=0.05)) is not None:
+        taken.append(item.request_id)
+        q.ack(item)
+    assert taken == ["i2", "s1", "u1", "s2", "b1", "b2"]
+    assert (q.qsize("a"), q.pending("a")) == (0, 0)
+
+
+def test_tier_streams_requeue_migrate_and_block(redis_server):
+    import threading
+    import time
+
+    dead = RedisWorkQueue(redis_server.url, namespace="t8", consumer="dead")
+    control = RedisWorkQueue(redis_server.url, namespace="t8", consumer="control")
+    for rid, tier in [("b1", "batch"), ("i1", "interactive"), ("s1", None)]:
+        dead.put("a", _tiered(rid, tier))
+    got = [dead.get("a", timeout=0.1) for _ in range(3)]
+    assert [g.request_id for g in got] == ["i1", "s1", "b1"]
+    assert control.pending_by_consumer("a") == {"dead": 3}
+    assert control.requeue_consumer("a", "dead") == 3  # every tier's stream
+    assert (control.pending("a"), control.qsize("a")) == (0, 3)
+    control.drop_consumer("a", "dead")
+    assert control.migrate("a", "b") == 3 and control.qsize("b") == 3
+    moved = [control.get("b", timeout=0.1) for _ in range(3)]
+    assert [m.request_id for m in moved] == ["i1", "s1", "b1"] and all(m.attempt == 1 for m in moved)
+    assert control.r.xlen(control.keys.stream("b", "batch")) == 1
+    for m in moved:
+        control.ack(m)
+    # a worker blocked on an empty level wakes for work of any tier
+    out = []
+    waiter = threading.Thread(target=lambda: out.append(control.get("c", timeout=5)))
+    waiter.start()
+    time.sleep(0.2)
+    dead.put("c", _tiered("late", "batch"))
+    waiter.join(10)
+    assert out and out[0].request_id == "late" and out[0].tier == "batch"
+    control.ack(out[0])
+    assert control.pending("c") == 0
+
+
+def test_router_enqueue_and_cancel_on_tier_streams(redis_server):
+    import asyncio
+
+    from argusdiff.service.redis_queue import AsyncRedisDispatch
+
+    async def go():
+        aio = AsyncRedisDispatch(redis_server.url, namespace="t9")
+        try:
+            entries = await aio.enqueue([_tiered("i1", "interactive"), _tiered("s1", "standard")])
+            assert entries[0].startswith("interactive@") and "@" not in entries[1]
+            assert await aio.cancel("a", entries[0]) and not await aio.cancel("a", entries[0])
+            assert await aio.cancel("a", entries[1])
+        finally:
+            await aio.close()
+
+    asyncio.run(go())
+    q = RedisWorkQueue(redis_server.url, namespace="t9", consumer="w")
+    assert q.qsize("a") == 0 and q.get("a", timeout=0.05) is None

@@ -2,8 +2,12 @@
 
 Layout under a namespace ``ns`` (default ``argusdiff``):
 
-* ``ns:q:<level>`` — one stream per level; consumer group ``ns:workers``; one entry per work item
-  (field ``item``: the item's JSON). Workers read with XREADGROUP, **ack after the result is
+* ``ns:q:<level>`` — the level's stream of ``standard`` (and untiered) work, ``ns:q:<level>@interactive``
+  and ``ns:q:<level>@batch`` those of the other SLO tiers; consumer group ``ns:workers``; one entry
+  per work item (field ``item``: the item's JSON). A worker reads a level's streams highest-priority
+  tier first (:data:`argusdiff.domain.TIER_PRIORITY`: one non-blocking pass in that order, then a
+  blocking read of them all), so queued interactive work is taken before standard and batch work
+  queued earlier, as the embedded queue and the simulator pull. Workers read with XREADGROUP, **ack after the result is
   stored** (XACK + XDEL). A dead worker's pending entries are re-queued by the control loop
   (XPENDING for that consumer → XCLAIM → XADD a copy with ``attempt + 1`` → XACK), and as a last
   resort any worker re-claims entries idle longer than ``claim_idle_s`` with XAUTOCLAIM.
@@ -35,6 +39,7 @@ import redis
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError, WatchError
 
+from argusdiff.domain import TIER_PRIORITY, Tier, tier_rank
 from argusdiff.service.errors import QueueUnavailable
 from workers.messages import WorkItem, WorkResult
 
@@ -86,8 +91,17 @@ class RedisKeys:
         """Set (NX) by the one router that decides a cascade hand-off of ``request_id``."""
         return f"{self.ns}:handoff:{request_id}"
 
-    def stream(self, level_id: str) -> str:
-        return f"{self.ns}:q:{level_id}"
+    def stream(self, level_id: str, tier: str | None = None) -> str:
+        """The stream of ``level_id``'s work of ``tier`` (``standard``, no tier or an unknown one:
+        the level's plain stream, so untiered traffic uses one stream per level)."""
+        name = TIER_PRIORITY[tier_rank(tier)]
+        if name == Tier.STANDARD.value:
+            return f"{self.ns}:q:{level_id}"
+        return f"{self.ns}:q:{level_id}@{name}"
+
+    def streams(self, level_id: str) -> tuple[str, ...]:
+        """Every stream of ``level_id``, in pull order (highest-priority tier first)."""
+        return tuple(self.stream(level_id, tier) for tier in TIER_PRIORITY)
 
     def result(self, request_id: str) -> str:
         return f"{self.ns}:result:{request_id}"
@@ -116,6 +130,19 @@ def event_from_json(raw: str | bytes) -> tuple[str, dict[str, Any]]:
     return str(msg["id"]), event
 
 
+#: One non-blocking read of the first stream (KEYS, in pull order) that has an undelivered entry:
+#: ``{stream, entry id, fields...}`` or nil. Atomic, so no other stream's entry is delivered.
+_READ_FIRST = """
+for i, key in ipairs(KEYS) do
+  local res = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', 1, 'STREAMS', key, '>')
+  if res then
+    local entry = res[1][2][1]
+    if entry then return {key, entry[1], entry[2]} end
+  end
+end
+return nil
+"""
+
 #: Delete a stream entry only if no consumer has it pending (no worker took it): 1 when deleted.
 _CANCEL_QUEUED = """
 local pending = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
@@ -137,6 +164,13 @@ def worker_view(plan_json: dict[str, Any]) -> dict[str, Any]:
 
 def _decode(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _entry_ref(item: WorkItem, entry_id: str) -> str:
+    """How the router names a queued entry for :meth:`AsyncRedisDispatch.cancel`: the stream entry
+    id, prefixed with ``<tier>@`` when the item is on its tier's own stream."""
+    tier = TIER_PRIORITY[tier_rank(item.tier)]
+    return entry_id if tier == Tier.STANDARD.value else f"{tier}@{entry_id}"
 
 
 def _item_from_entry(level_id: str, entry_id: Any, fields: dict) -> WorkItem:
@@ -177,8 +211,8 @@ class RedisWorkQueue:
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def _ensure_group(self, level_id: str) -> str:
-        stream = self.keys.stream(level_id)
+    def _ensure_group(self, level_id: str, tier: str | None = None) -> str:
+        stream = self.keys.stream(level_id, tier)
         if stream not in self._groups:
             try:
                 self.r.xgroup_create(stream, self.keys.group, id="0", mkstream=True)
@@ -187,6 +221,10 @@ class RedisWorkQueue:
                     raise
             self._groups.add(stream)
         return stream
+
+    def _ensure_groups(self, level_id: str) -> tuple[str, ...]:
+        """Every stream of ``level_id`` (pull order), each with the workers' group."""
+        return tuple(self._ensure_group(level_id, tier) for tier in TIER_PRIORITY)
 
     def _call(self, fn, *args, **kwargs):
         try:
@@ -213,31 +251,50 @@ class RedisWorkQueue:
             item = replace(item, enqueue_s=time.time())
 
         def _put():
-            stream = self._ensure_group(level_id)
+            stream = self._ensure_group(level_id, item.tier)
             self.r.xadd(stream, {"item": json.dumps(item.to_dict())})
 
         self._call(_put)
 
     def get(self, level_id: str, timeout: float | None = None) -> WorkItem | None:
+        """The oldest undelivered item of the level's highest-priority tier that has one (a long
+        idle delivery re-claimed first); else wait up to ``timeout`` for the first to arrive."""
+
         def _get():
-            stream = self._ensure_group(level_id)
+            streams = self._ensure_groups(level_id)
             now = time.monotonic()
             if now - self._last_autoclaim.get(level_id, 0.0) > 1.0:
                 self._last_autoclaim[level_id] = now
-                res = self.r.xautoclaim(
-                    stream, self.keys.group, self.consumer, min_idle_time=self.claim_idle_ms, start_id="0-0", count=1
-                )
-                claimed = res[1] if len(res) > 1 else []
-                for entry_id, fields in claimed:
-                    if fields:
-                        item = _item_from_entry(level_id, entry_id, fields)
-                        return replace(item, attempt=item.attempt + 1)
+                for stream in streams:
+                    res = self.r.xautoclaim(
+                        stream, self.keys.group, self.consumer, min_idle_time=self.claim_idle_ms, start_id="0-0",
+                        count=1,
+                    )  # fmt: skip
+                    claimed = res[1] if len(res) > 1 else []
+                    for entry_id, fields in claimed:
+                        if fields:
+                            item = _item_from_entry(level_id, entry_id, fields)
+                            return replace(item, attempt=item.attempt + 1)
+            first = self.r.eval(_READ_FIRST, len(streams), *streams, self.keys.group, self.consumer)
+            if first:
+                _stream, entry_id, flat = first
+                fields = {flat[k]: flat[k + 1] for k in range(0, len(flat), 2)}
+                return _item_from_entry(level_id, entry_id, fields)
             block = None if timeout is None else max(1, int(timeout * 1000))
-            res = self.r.xreadgroup(self.keys.group, self.consumer, {stream: ">"}, count=1, block=block or 0)
-            for _stream, entries in res or []:
-                for entry_id, fields in entries:
-                    return _item_from_entry(level_id, entry_id, fields)
-            return None
+            res = self.r.xreadgroup(self.keys.group, self.consumer, dict.fromkeys(streams, ">"), count=1,
+                                    block=block or 0)  # fmt: skip
+            got = [
+                _item_from_entry(level_id, entry_id, fields)
+                for _stream, entries in res or []
+                for entry_id, fields in entries
+                if fields
+            ]
+            if not got:
+                return None
+            got.sort(key=lambda it: tier_rank(it.tier))
+            for extra in got[1:]:  # arrived in the same instant on another tier's stream: queued again
+                self._give_back(extra, attempt=extra.attempt)
+            return got[0]
 
         return self._call(_get)
 
@@ -245,7 +302,7 @@ class RedisWorkQueue:
         if not item.receipt or "|" not in item.receipt:
             return None
         level_id, entry_id = item.receipt.rsplit("|", 1)
-        return self.keys.stream(level_id), entry_id
+        return self.keys.stream(level_id, item.tier), entry_id
 
     def ack(self, item: WorkItem) -> None:
         rec = self._receipt(item)
@@ -262,12 +319,16 @@ class RedisWorkQueue:
         self._call(_ack)
 
     def nack(self, item: WorkItem) -> None:
-        """Give an item back: a copy is queued again (at the stream's end) and the delivery acked."""
+        """Give an item back: a copy is queued again (at the end of its tier's stream) and the
+        delivery acked."""
+        self._give_back(item, attempt=item.attempt + 1)
+
+    def _give_back(self, item: WorkItem, *, attempt: int) -> None:
         rec = self._receipt(item)
         if rec is None:
             return
         stream, entry_id = rec
-        back = replace(item, attempt=item.attempt + 1, receipt=None)
+        back = replace(item, attempt=attempt, receipt=None)
 
         def _nack():
             pipe = self.r.pipeline(transaction=True)
@@ -311,10 +372,9 @@ class RedisWorkQueue:
             time.sleep(0.02)
 
     def qsize(self, level_id: str) -> int:
-        """Entries not yet delivered to any worker (the group's lag)."""
+        """Entries not yet delivered to any worker (the group's lag), over the level's streams."""
 
-        def _qsize():
-            stream = self._ensure_group(level_id)
+        def _lag(stream: str) -> int:
             for g in self.r.xinfo_groups(stream):
                 name = _decode(g.get("name", g.get(b"name", b"")))
                 if name == self.keys.group:
@@ -325,12 +385,13 @@ class RedisWorkQueue:
                     return int(lag)
             return 0
 
-        return self._call(_qsize)
+        return self._call(lambda: sum(_lag(stream) for stream in self._ensure_groups(level_id)))
 
     def pending(self, level_id: str) -> int:
         def _pending():
-            stream = self._ensure_group(level_id)
-            return int(self.r.xpending(stream, self.keys.group)["pending"])
+            return sum(
+                int(self.r.xpending(stream, self.keys.group)["pending"]) for stream in self._ensure_groups(level_id)
+            )
 
         return self._call(_pending)
 
@@ -338,9 +399,13 @@ class RedisWorkQueue:
 
     def pending_by_consumer(self, level_id: str) -> dict[str, int]:
         def _p():
-            stream = self._ensure_group(level_id)
-            info = self.r.xpending(stream, self.keys.group)
-            return {_decode(c["name"]): int(c["pending"]) for c in info.get("consumers") or []}
+            out: dict[str, int] = {}
+            for stream in self._ensure_groups(level_id):
+                info = self.r.xpending(stream, self.keys.group)
+                for c in info.get("consumers") or []:
+                    name = _decode(c["name"])
+                    out[name] = out.get(name, 0) + int(c["pending"])
+            return out
 
         return self._call(_p)
 
@@ -349,7 +414,12 @@ class RedisWorkQueue:
         read, the old delivery acked. Returns the number re-queued."""
 
         def _requeue():
-            stream = self._ensure_group(level_id)
+            moved = 0
+            for stream in self._ensure_groups(level_id):
+                moved += _requeue_stream(stream)
+            return moved
+
+        def _requeue_stream(stream: str) -> int:
             moved = 0
             while True:
                 rows = self.r.xpending_range(stream, self.keys.group, "-", "+", 100, consumername=consumer)
@@ -373,15 +443,23 @@ class RedisWorkQueue:
     def drop_consumer(self, level_id: str, consumer: str) -> None:
         """Forget a dead worker's consumer in ``level_id``'s group (after :meth:`requeue_consumer`),
         so the group's consumer list does not grow with every worker that ever ran."""
-        stream = self._ensure_group(level_id)
-        self._call(self.r.xgroup_delconsumer, stream, self.keys.group, consumer)
+        for stream in self._ensure_groups(level_id):
+            self._call(self.r.xgroup_delconsumer, stream, self.keys.group, consumer)
 
     def migrate(self, from_level: str, to_level: str, limit: int = 10_000) -> int:
         """Move undelivered items of ``from_level`` (no longer served by any worker) to ``to_level``."""
 
         def _migrate():
-            src = self._ensure_group(from_level)
-            dst = self._ensure_group(to_level)
+            moved = 0
+            for tier in TIER_PRIORITY:  # each tier's stream to the same tier's at the new level
+                if moved >= limit:
+                    break
+                moved += _migrate_tier(tier, limit - moved)
+            return moved
+
+        def _migrate_tier(tier: str, limit: int) -> int:
+            src = self._ensure_group(from_level, tier)
+            dst = self._ensure_group(to_level, tier)
             res = self.r.xreadgroup(self.keys.group, self.consumer, {src: ">"}, count=limit)
             moved = 0
             for _stream, entries in res or []:
@@ -553,8 +631,8 @@ class AsyncRedisDispatch:
         self.keys = RedisKeys(namespace)
         self._groups: set[str] = set()
 
-    async def _ensure_group(self, level_id: str) -> str:
-        stream = self.keys.stream(level_id)
+    async def _ensure_group(self, level_id: str, tier: str | None = None) -> str:
+        stream = self.keys.stream(level_id, tier)
         if stream not in self._groups:
             try:
                 await self.r.xgroup_create(stream, self.keys.group, id="0", mkstream=True)
@@ -584,7 +662,7 @@ class AsyncRedisDispatch:
         items = list(items)
         try:
             for item in items:
-                await self._ensure_group(item.level)
+                await self._ensure_group(item.level, item.tier)
             async with self.r.pipeline(transaction=True) as pipe:
                 if guard is not None:
                     await pipe.watch(guard.key)
@@ -594,14 +672,14 @@ class AsyncRedisDispatch:
                         raise IdempotencyConflict("the idempotency key's reservation is no longer ours")
                     pipe.multi()
                 for item in items:
-                    pipe.xadd(self.keys.stream(item.level), {"item": json.dumps(item.to_dict())})
+                    pipe.xadd(self.keys.stream(item.level, item.tier), {"item": json.dumps(item.to_dict())})
                 if record is not None:
                     rid, data, ttl = record
                     pipe.set(self.keys.request(rid), json.dumps(data), px=int(ttl * 1000))
                     if guard is not None:
                         pipe.set(guard.key, guard.accepted(rid), px=int(guard.ttl_s * 1000))
                 replies = await pipe.execute()
-            return [_decode(r) for r in replies[: len(items)]]
+            return [_entry_ref(item, _decode(r)) for item, r in zip(items, replies, strict=False)]
         except WatchError as exc:
             if guard is not None:
                 guard.conflict = True
@@ -678,8 +756,10 @@ class AsyncRedisDispatch:
         await self._do(self.r.delete(self.keys.result(request_id)))
 
     async def cancel(self, level_id: str, entry_id: str) -> bool:
-        """Delete a queued item that no worker has taken; False when one has (or it is gone)."""
-        stream = self.keys.stream(level_id)
+        """Delete a queued item that no worker has taken; False when one has (or it is gone).
+        ``entry_id`` is what :meth:`enqueue` returned (``<tier>@<id>`` off the plain stream)."""
+        tier, _, entry_id = entry_id.rpartition("@")
+        stream = self.keys.stream(level_id, tier or None)
         res = await self._do(self.r.eval(_CANCEL_QUEUED, 1, stream, self.keys.group, entry_id))
         return bool(res)
 
