@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from argusdiff.admission import Admission, AdmissionConfig, serving_workers
-from argusdiff.domain import Plan
+from argusdiff.domain import Plan, tier_rank
 from argusdiff.errors import ConfigError
 from argusdiff.profile import load_profile
 
@@ -184,9 +184,9 @@ def test_service_and_simulator_take_the_same_decision_for_the_same_state(sm):
         router.set_plan(plan, frozenset(up))
         for level in ("sd-xl", "tiny-sd", "small-sd"):
             for queued in range(0, 20):
-                router.level_load.clear()
-                router.level_load[level] = queued
-                live = router._admit(level, plan, now, slo)
+                router.tier_load.clear()
+                router.tier_load[level, tier_rank(None)] = queued
+                live = router._admit(level, plan, now, slo, tier_rank(None))
                 # the simulator holds the same backlog on the up workers serving the level
                 ws = [w for w, lv in plan.assignment.items() if lv == level and w in up]
                 if not ws and queued:
@@ -200,6 +200,51 @@ def test_service_and_simulator_take_the_same_decision_for_the_same_state(sm):
                 assert simulated == live, (up, level, queued)
                 outcomes.add((live.admitted, live.reason))
     assert outcomes == {(True, ""), (False, "definitely late"), (False, "queue cap")}
+
+
+def test_a_request_waits_only_behind_its_tier_or_higher_in_both_paths(sm):
+    """Workers pull a level's queue highest-priority tier first, so admission counts the backlog of
+    the request's tier and the higher ones: an interactive request is admitted where a batch one
+    is refused behind the same batch-tier backlog, by the live router and the simulator alike."""
+    from fixtures_service import service_settings
+
+    from argusdiff.config import Settings
+    from argusdiff.policies import make_policy
+    from argusdiff.policies.base import RouteView
+    from argusdiff.service.app import Service
+    from argusdiff.simulator import SimConfig, quick_workload
+    from argusdiff.simulator.engine import B_FINISH, B_MEMBERS, B_RANK, Simulator
+
+    cfg = AdmissionConfig(queue_cap=0, deadline_factor=1.0)
+    settings = service_settings("sm-a100", workers=0, stand_in_scale=None).model_dump()
+    settings["admission"] = {"queue_cap": 0, "deadline_factor": 1.0}
+    router = Service(Settings.model_validate(settings)).router
+    plan = _plan(sm, {"w0": "sd-xl", "w1": None, "w2": None, "w3": None})
+    router.set_plan(plan, frozenset({"w0", "w1", "w2", "w3"}))
+    base = quick_workload("poisson:qpm=60,duration=1m", [sm], n_prompts=20)
+    n = base.n_requests
+    tiers = ("batch",) * (n - 2) + ("standard", "interactive")
+    wl = type(base)(arrivals_s=base.arrivals_s, prompt_idx=base.prompt_idx, prompts=base.prompts, quality=base.quality,
+                    relative=base.relative, optimal=base.optimal, tier=tiers)  # fmt: skip
+    policy = make_policy("argus", sm, rng=np.random.default_rng(0), config={"period_s": 60.0})
+    sim = Simulator(policy, wl, SimConfig(gpus=4, admission=cfg, slo_s=12.6))
+    sim.admission = Admission(sim.levels, cfg)
+    backlog = 20  # batch-tier requests queued at sd-xl's one worker: far past a 1x deadline
+    sim.widx = {f"w{k}": k for k in range(4)}
+    sim.up = [True] * 4
+    sim.dq = [[[0.0, 1e9, 1, "sd-xl", [k], 0, 1.0, 0.0, 2] for k in range(backlog)], [], [], []]
+    assert all(b[B_FINISH] > 0 and b[B_RANK] == 2 and len(b[B_MEMBERS]) == 1 for b in sim.dq[0])
+    sim.view = RouteView(queue_lengths={"w0": backlog, "w1": 0, "w2": 0, "w3": 0}, up={"w0", "w1", "w2", "w3"})
+    router.tier_load.clear()
+    router.tier_load["sd-xl", tier_rank("batch")] = backlog
+    outcomes = {}
+    for i, tier in ((0, "batch"), (n - 2, "standard"), (n - 1, "interactive")):
+        slo = float(sim.req_slo[i])
+        live = router._admit("sd-xl", plan, 0.0, slo, tier_rank(tier))
+        simulated = sim._admit(i, "sd-xl", plan, 0.0)
+        assert simulated == live, tier
+        outcomes[tier] = live.admitted
+    assert outcomes == {"batch": False, "standard": True, "interactive": True}
 
 
 def test_replay_applies_admission_by_default_and_says_so(capsys):

@@ -24,7 +24,7 @@ from typing import Any
 
 from argusdiff.admission import Admission, AdmissionConfig, Decision
 from argusdiff.config import ServiceConfig
-from argusdiff.domain import ApproxLevel, Assignment, Plan, Profile, Request, Tier, level_catalogue
+from argusdiff.domain import ApproxLevel, Assignment, Plan, Profile, Request, Tier, level_catalogue, tier_rank
 from argusdiff.policies.base import FLOOR_UNMET, Policy, RouteView
 from argusdiff.service.errors import ApiError, QueueUnavailable
 from argusdiff.service.health import CacheHealth
@@ -79,6 +79,7 @@ class _InFlight:
     level: str
     arrival_s: float
     deadline_s: float
+    rank: int = 1  # its tier's pull rank (argusdiff.domain.tier_rank)
 
 
 class Router:
@@ -122,6 +123,9 @@ class Router:
         self.up: frozenset[str] = frozenset()
         self.inflight: dict[str, _InFlight] = {}
         self.level_load: Counter[str] = Counter()
+        # in-flight images per (level, tier pull rank): what a request of a tier waits behind, as
+        # workers pull a level's queue highest-priority tier first (admission)
+        self.tier_load: Counter[tuple[str, int]] = Counter()
         # since the last control period (the control loop swaps them out)
         self.arrivals = 0
         self.affinity: Counter[str] = Counter()
@@ -286,8 +290,10 @@ class Router:
         except BaseException:
             # refused (by the policy, the quality floor or admission), queue down or cancelled:
             # nothing of it was accepted, so none of its images stays counted as load
+            rank = tier_rank(spec.tier)
             for lv, k in added.items():
                 self.level_load[lv] = max(0, self.level_load[lv] - k)
+                self.tier_load[lv, rank] = max(0, self.tier_load[lv, rank] - k)
             raise
 
     def _refuse(
@@ -309,12 +315,14 @@ class Router:
             headers={"Retry-After": str(max(1, math.ceil(retry_after_s)))},
         )
 
-    def _admit(self, level: str, plan: Plan, now: float, slo: float) -> Decision:
+    def _admit(self, level: str, plan: Plan, now: float, slo: float, rank: int) -> Decision:
         """Admission (:mod:`argusdiff.admission`) of one image routed to ``level``: the level's
-        in-flight images (this request's earlier images included) over the up workers serving it."""
+        in-flight images of its tier or a higher one (this request's earlier images included; workers
+        pull the highest-priority tier first) over the up workers serving it."""
         workers = self.admission.workers(plan, level, self.up or None)
+        queued = sum(self.tier_load.get((level, r), 0) for r in range(rank + 1))
         return self.admission.check(
-            level, plan=plan, queued=self.level_load.get(level, 0), workers=len(workers),
+            level, plan=plan, queued=queued, workers=len(workers),
             now_s=now, arrival_s=now, slo_s=slo,
         )  # fmt: skip
 
@@ -330,6 +338,7 @@ class Router:
         now = self.clock()
         slo = self.slo_for(spec)
         gid = f"gen-{uuid.uuid4().hex[:24]}"
+        rank = tier_rank(spec.tier)
         optimal, similarity, embedding = await self._read_prompt(spec.prompt)
         embedding_text = encode_embedding(embedding) if embedding is not None else None
         items: list[WorkItem] = []
@@ -362,7 +371,7 @@ class Router:
                 why = assignment.reason or "dropped by the policy"
                 raise self._refuse(spec, why, "policy", self.config.retry_after_s, now, optimal)
             level = assignment.level
-            decision = self._admit(level, plan, now, slo)
+            decision = self._admit(level, plan, now, slo, rank)
             if not decision.admitted:
                 why = f"{decision.reason} at {level}"
                 raise self._refuse(spec, why, decision.reason, decision.retry_after_s, now, optimal)
@@ -390,6 +399,7 @@ class Router:
             # count it as load at once so the next image of the same request sees it (given back
             # by submit() unless the request is accepted)
             self.level_load[level] += 1
+            self.tier_load[level, rank] += 1
             added[level] += 1
         sub = Submission(
             id=gid,
@@ -411,7 +421,7 @@ class Router:
             raise self._busy(_QUEUE_DOWN, "queue_unavailable") from exc
         added.clear()  # accepted: the load stays until each image is done
         for it in items:
-            self.inflight[it.request_id] = _InFlight(it.level, now, now + slo)
+            self.inflight[it.request_id] = _InFlight(it.level, now, now + slo, rank)
         self.arrivals += spec.n
         self.arrival_seconds[int(now)] += spec.n
         self.accepted += spec.n
@@ -438,6 +448,7 @@ class Router:
             if fl is None:
                 continue
             self.level_load[fl.level] = max(0, self.level_load[fl.level] - 1)
+            self.tier_load[fl.level, fl.rank] = max(0, self.tier_load[fl.level, fl.rank] - 1)
             self.metrics.queue_depth.labels(fl.level).set(self.level_load[fl.level])
             self.metrics.requests.labels(fl.level, outcome).inc()
 
@@ -450,6 +461,7 @@ class Router:
         dropped = s.get("error_type") == DROPPED
         if fl is not None:
             self.level_load[fl.level] = max(0, self.level_load[fl.level] - 1)
+            self.tier_load[fl.level, fl.rank] = max(0, self.tier_load[fl.level, fl.rank] - 1)
             self.metrics.queue_depth.labels(fl.level).set(self.level_load[fl.level])
             if not dropped:
                 self.metrics.latency.labels(level).observe(max(0.0, now - fl.arrival_s))
@@ -516,9 +528,11 @@ class Router:
         self.metrics.cascade_handoffs.labels("heavy").inc()
         if fl is not None:  # the light stage is done: the request now loads the heavy level
             self.level_load[fl.level] = max(0, self.level_load[fl.level] - 1)
+            self.tier_load[fl.level, fl.rank] = max(0, self.tier_load[fl.level, fl.rank] - 1)
             self.metrics.queue_depth.labels(fl.level).set(self.level_load[fl.level])
             fl.level = assignment.level
             self.level_load[fl.level] += 1
+            self.tier_load[fl.level, fl.rank] += 1
             self.metrics.queue_depth.labels(fl.level).set(self.level_load[fl.level])
         return replace(item, level=assignment.level, enqueue_s=now), None
 

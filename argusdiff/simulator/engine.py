@@ -35,8 +35,9 @@ Virtual clock, deterministic for a seed. The mechanism modelled here:
   moment, with ``RouteView.deferred_from`` naming the light level; the policy picks the heavy level.
 * **Admission** (``SimConfig.admission``, :mod:`argusdiff.admission`): after ``policy.decide`` an
   arrival is dropped (``refused``) when it cannot finish by its deadline at its level given the
-  queued requests of the up workers serving that level, or the level is at its queue cap, as the
-  live router refuses it with 429. Off in a bare ``SimConfig``; ``argusdiff replay`` turns it on.
+  queued requests of its tier or a higher one on the up workers serving that level, or the level
+  is at its queue cap, as the live router refuses it with 429. Off in a bare ``SimConfig``;
+  ``argusdiff replay`` turns it on.
 * **Control period**: every ``period_s`` the simulator builds :class:`ClusterStats` (arrivals,
   queues, loaded models, affinity counts of the predicted optimal levels, cache health seen by
   lookups and probes) and applies ``policy.plan(stats)``.
@@ -284,6 +285,7 @@ class Simulator:
         self.tier_codes = codes
         # each request's pull rank (argusdiff.domain.TIER_PRIORITY: 0, interactive, is pulled first)
         self.req_rank = np.array([tier_rank(t) for t in names], dtype=np.int8)[codes]
+        self.max_rank = int(self.req_rank.max()) if n else 0  # the lowest-priority tier present
         # Request objects carry the tier as the domain enum when it is one, else the name
         self._tier_obj = tuple(Tier(t) if t in Tier._value2member_map_ else t for t in names)
         self._explicit = wl.slo_s is not None or wl.tier is not None or wl.min_quality is not None
@@ -817,16 +819,29 @@ class Simulator:
 
     def _admit(self, i: int, level_id: str, plan: Plan | None, t: float) -> Decision:
         """Admission (argusdiff.admission) of arrival ``i`` routed to ``level_id``: the requests
-        queued or in service on the up workers serving the level, as the service's in-flight count
-        of the level."""
+        queued or in service on the up workers serving the level that it waits behind (those of
+        its tier or a higher one: workers pull the highest-priority tier first), as the service's
+        in-flight count of the level and tier."""
         if plan is None:
             return ADMITTED
         adm = self.admission
         ws = adm.workers(plan, level_id, self.view.up)
         get = self.view.queue_lengths.get
+        rank = int(self.req_rank[i])
         queued = 0
-        for w in ws:
-            queued += get(w)
+        if rank >= self.max_rank:
+            for w in ws:
+                queued += get(w)
+        else:
+            ranks = self.req_rank
+            widx = self.widx
+            for wid in ws:
+                w = widx.get(wid)
+                if w is None or not self.up[w]:
+                    continue
+                for b in self.dq[w]:
+                    if b[B_FINISH] > t and b[B_RANK] <= rank:
+                        queued += sum(1 for m in b[B_MEMBERS] if ranks[m] <= rank)
         return adm.check(
             level_id, plan=plan, queued=queued, workers=len(ws),
             now_s=t, arrival_s=float(self.wl.arrivals_s[i]), slo_s=float(self.req_slo[i]),
