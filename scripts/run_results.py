@@ -224,7 +224,8 @@ def unified_section(traces, common, rule, keep) -> str:
         f"Trace `{TIER_TRACE}` (20% interactive, 50% standard, 30% batch; deadlines 1x, 1x and 4x the 12.6 s "
         "SLO). argus+ (unified) plans the tiers highest priority first with twice the burst headroom on the "
         "interactive tier and reserves workers for it (`Plan.reserved`); `-tiers` plans and routes every request "
-        "as one tier.\n\n"
+        "as one tier. In every row the workers pull each level's queue highest-priority tier first and admission "
+        "counts the backlog of a request's tier and the higher ones (mechanism, as the service).\n\n"
         "| load | policy | SLO viol. | interactive | standard | batch |\n|---|---|---:|---:|---:|---:|\n"
         + "\n".join(rows)
         + "\n"
