@@ -635,6 +635,8 @@ def _run_policy(
         raise ConfigError(f"--profile: {name} needs a {kinds} profile, {prof.name!r} is {have}")
     # DiffServe's controller refreshes every 1 s; the others plan every period (ARGUS: 60 s)
     period = (spec.period_s or 60.0) if cls.family != "cascade" else (spec.period_s or spec.cascade_period_s)
+    extra = dict(extra)
+    sim_fields = dict(extra.pop("sim", {}))  # an ablation may switch a simulated mechanism off too
     options: dict[str, Any] = {"slo_s": shared.slo_s, "period_s": period, **spec.policy_options, **extra}
     if prof.cascades:
         options["tier_slo"] = shared.tier_slo
@@ -667,6 +669,7 @@ def _run_policy(
         tier_slo=shared.tier_slo,
         max_resident_models=spec.max_resident_models,
         admission=shared.admission,
+        **sim_fields,
     )
     cb = (lambda f, _label=label: progress(_label, f)) if progress else None
     res = simulate(policy, wl, cfg, progress=cb)

@@ -275,13 +275,13 @@ def test_interactive_requests_overtake_queued_batch_work_at_their_level(sm):
     arrivals = np.array([0.0, 0.01, 0.02, 0.03, 0.04, 0.05, 0.1, 0.2, 0.3])
     tiers = ("batch",) * 6 + ("standard", "interactive", "interactive")
 
-    def sim(tier):
+    def sim(tier, **cfg):
         wl = Workload(
             arrivals_s=arrivals, prompt_idx=np.arange(len(arrivals)) % len(base.prompts), prompts=base.prompts,
             quality=base.quality, relative=base.relative, optimal=base.optimal, tier=tier,
         )  # fmt: skip
         pol = make_policy("clipper-ha", sm, rng=np.random.default_rng(0), config={"period_s": 60.0})
-        res = simulate(pol, wl, SimConfig(gpus=1, period_s=60.0, slo_s=100.0))
+        res = simulate(pol, wl, SimConfig(gpus=1, period_s=60.0, slo_s=100.0, **cfg))
         assert res.plans[0]["workers"] == 1 and len({lv for lv in res.level}) == 1
         assert np.all(res.status == 1)
         return res
@@ -299,3 +299,7 @@ def test_interactive_requests_overtake_queued_batch_work_at_their_level(sm):
     assert wait[7] < wait[8] < wait[6] < wait[1:6].min()
     summary = summarize(tiered)["tiers"]
     assert summary["interactive"]["requests"] == 2 and summary["batch"]["requests"] == 6
+    # without tier awareness (the replay's -tiers ablation) the same tiers are pulled in arrival order
+    unaware = sim(tiers, tier_priority=False)
+    assert list(np.argsort(unaware.finish_s, kind="stable")) == list(range(9))
+    assert summarize(unaware)["tiers"]["interactive"]["requests"] == 2

@@ -103,7 +103,9 @@ class ArgusPlus(Argus, name="argus+", family="ac"):
             "-cascades": {"paths": ("ac", "sm")},
             "-AC": {"paths": ("sm", "cascade")},
             "-SM": {"paths": ("ac", "cascade")},
-            "-tiers": {"tiers": False},
+            # the system without tier awareness: the plan, and the simulated queues and admission
+            # (``sim``: SimConfig fields of the run; the service always pulls by tier)
+            "-tiers": {"tiers": False, "sim": {"tier_priority": False}},
         }
     )
     _cache_key: tuple[str, ...] | None = None

@@ -108,6 +108,10 @@ class SimConfig:
     # admission after the policy, as in the service (argusdiff.admission). Off in a bare
     # SimConfig (the policy alone); `argusdiff replay` turns it on ([admission] replay)
     admission: AdmissionConfig = field(default_factory=lambda: AdmissionConfig(enabled=False))
+    # workers pull a level's work highest-priority tier first and admission counts the backlog of
+    # a request's tier and higher, as the service's queues do; False: one queue in arrival order and
+    # the whole backlog (the replay's ``-tiers`` ablation: the system without tier awareness)
+    tier_priority: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.admission, AdmissionConfig):
@@ -285,6 +289,8 @@ class Simulator:
         self.tier_codes = codes
         # each request's pull rank (argusdiff.domain.TIER_PRIORITY: 0, interactive, is pulled first)
         self.req_rank = np.array([tier_rank(t) for t in names], dtype=np.int8)[codes]
+        if not cfg.tier_priority:
+            self.req_rank = np.zeros_like(self.req_rank)  # one rank: arrival order, the whole backlog
         self.max_rank = int(self.req_rank.max()) if n else 0  # the lowest-priority tier present
         # Request objects carry the tier as the domain enum when it is one, else the name
         self._tier_obj = tuple(Tier(t) if t in Tier._value2member_map_ else t for t in names)
