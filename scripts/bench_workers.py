@@ -79,10 +79,10 @@ def bench_cascade(registry, repeats: int) -> None:
 
 def bench_loop(registry, n_requests: int) -> None:
     from argusdiff.profile import load_profile
+    from argusdiff.service.transport.memory import InProcessWorkQueue
     from workers.executor import ExecutorFactory
     from workers.loop import Worker
     from workers.messages import WorkItem
-    from workers.queue import InProcessWorkQueue
 
     print(f"\n## Worker loop: {n_requests} requests at xl-k0 through the in-process queue")
     profile = load_profile("demo-cpu")

@@ -10,10 +10,10 @@ import zlib
 import pytest
 
 from argusdiff.domain import Tier
-from argusdiff.service.dispatch import ENTRY_OVERHEAD, ResultMemory
 from argusdiff.service.errors import ApiError
 from argusdiff.service.health import CacheHealth
 from argusdiff.service.schemas import Limits, parse_native, parse_openai
+from argusdiff.service.transport.memory import ENTRY_OVERHEAD, ResultMemory
 
 LIMITS = Limits(
     models=("argusdiff", "demo"), levels=("a", "b", "c"), sizes=("64x64",), max_n=4, max_prompt_chars=50, max_slo_s=60

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from argusdiff.profile import load_profile
+from argusdiff.service.transport.memory import InProcessWorkQueue
 from workers.executor import ExecutorFactory
 from workers.loop import Worker
 from workers.messages import WorkItem
-from workers.queue import InProcessWorkQueue
 
 pytestmark = pytest.mark.integration
 

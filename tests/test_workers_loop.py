@@ -9,11 +9,11 @@ import pytest
 
 from argusdiff.domain import Plan, Strategy
 from argusdiff.profile import load_profile
+from argusdiff.service.transport.memory import InProcessWorkQueue
 from workers.demo import load_demo_profile
 from workers.executor import ExecutorFactory
 from workers.loop import Worker
 from workers.messages import TIMING_KEYS, WorkItem, WorkResult
-from workers.queue import InProcessWorkQueue
 
 pytestmark = pytest.mark.integration
 

@@ -7,8 +7,9 @@ import threading
 
 import pytest
 
+from argusdiff.service.transport.memory import InProcessWorkQueue
 from workers.messages import TIMING_KEYS, WorkItem, WorkResult
-from workers.queue import InProcessWorkQueue, WorkQueue
+from workers.queue import WorkQueue
 
 
 def test_records_round_trip_through_dicts():
@@ -80,7 +81,7 @@ def test_queue_pulls_the_highest_priority_tier_first():
 
 
 def test_embedded_queue_cancel_and_migrate_keep_the_tier_order():
-    from argusdiff.service.dispatch import LocalWorkQueue
+    from argusdiff.service.transport.memory import LocalWorkQueue
 
     q = LocalWorkQueue()
     for rid, tier in [("b1", "batch"), ("s1", "standard"), ("i1", "interactive"), ("i2", "interactive")]:

@@ -33,7 +33,8 @@ from argusdiff.service.images import build_image_store
 from argusdiff.service.leader import ClusterControlLoop
 from argusdiff.service.metrics import ServiceMetrics
 from argusdiff.service.router import Router
-from argusdiff.service.store import LocalControlStore, RedisControlStore
+from argusdiff.service.store import RedisControlStore
+from argusdiff.service.transport.memory import LocalControlStore
 from argusdiff.service.worker import ServiceWorker
 from workers.executor import ExecutorFactory
 

@@ -12,8 +12,8 @@ the result depends on who wants it:
 * the client went away (:meth:`Dispatch.cancel`): the item is taken out of its queue if no worker
   has started it (:attr:`Dispatch.on_forget` does the bookkeeping), else its result is dropped.
 
-Results in router memory (:class:`ResultMemory`) are bounded by ``[service] result_memory_mb``
-(oldest evicted first). In Redis mode a worker's result (with its PNG) waits in
+Results in router memory (:class:`~argusdiff.service.transport.memory.ResultMemory`) are bounded by
+``[service] result_memory_mb`` (oldest evicted first). In Redis mode a worker's result (with its PNG) waits in
 ``ns:result:<id>`` only until this router takes it; the router then rewrites it without the image
 (keeping a reference to the image store when one was stored), so Redis holds images only in
 flight.
@@ -22,7 +22,8 @@ Waits end with the result, with :class:`~argusdiff.service.errors.WorkLost` when
 lost (Redis mode: its request record vanished, e.g. Redis restarted without AOF), and with
 :class:`~argusdiff.service.errors.ShuttingDown` at the end of a shutdown's drain.
 
-* :class:`LocalDispatch` — embedded mode: a :class:`LocalWorkQueue` shared with in-process
+* :class:`LocalDispatch` — embedded mode: a
+  :class:`~argusdiff.service.transport.memory.LocalWorkQueue` shared with in-process
   workers; results and step events come back by callbacks from the worker threads.
 * :class:`RedisDispatch` — distributed mode: a listener task follows the ``done`` stream (and
   re-reads what is awaited every 2 s, or after an outage); step events arrive on a pub/sub channel.
@@ -33,9 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -43,125 +42,13 @@ from typing import Any
 from argusdiff.service.errors import QueueUnavailable, ShuttingDown, WorkLost
 from argusdiff.service.idempotency import current_guard
 from argusdiff.service.images import ImageStore, encode, image_id
+from argusdiff.service.transport.memory import LocalWorkQueue, ResultMemory
+from argusdiff.service.transport.protocol import summarize
 from workers.messages import WorkItem, WorkResult
-from workers.queue import InProcessWorkQueue, TierQueue
 
-__all__ = ["Delivery", "Dispatch", "LocalDispatch", "LocalWorkQueue", "RedisDispatch", "ResultMemory"]
+__all__ = ["Delivery", "Dispatch", "LocalDispatch", "RedisDispatch"]
 
 log = logging.getLogger("argusdiff.service")
-
-#: What an entry costs in router memory beyond its image bytes (ids, timings, bookkeeping).
-ENTRY_OVERHEAD = 1024
-
-
-class ResultMemory:
-    """Values kept for at most ``ttl_s`` and, all together, at most ``max_bytes`` (an entry counts
-    its image bytes plus :data:`ENTRY_OVERHEAD`); the oldest are evicted first. Thread-safe."""
-
-    def __init__(self, max_bytes: int, ttl_s: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.max_bytes = int(max_bytes)
-        self.ttl_s = ttl_s
-        self._clock = clock
-        self._data: OrderedDict[str, tuple[float, int, Any]] = OrderedDict()
-        self._lock = threading.Lock()
-        self.bytes = 0
-        self.evicted = 0
-
-    @staticmethod
-    def size_of(value: Any) -> int:
-        png = getattr(value, "image_png", None)
-        return ENTRY_OVERHEAD + (len(png) if png else 0)
-
-    def _drop_oldest(self) -> None:
-        _, (_, size, _) = self._data.popitem(last=False)
-        self.bytes -= size
-
-    def _expire(self, now: float) -> None:
-        while self._data and next(iter(self._data.values()))[0] <= now:
-            self._drop_oldest()
-
-    def set(self, key: str, value: Any) -> None:
-        size = self.size_of(value)
-        now = self._clock()
-        with self._lock:
-            old = self._data.pop(key, None)
-            if old is not None:
-                self.bytes -= old[1]
-            self._data[key] = (now + self.ttl_s, size, value)
-            self.bytes += size
-            self._expire(now)
-            while self.bytes > self.max_bytes and len(self._data) > 1:
-                self._drop_oldest()
-                self.evicted += 1
-
-    def get(self, key: str) -> Any:
-        with self._lock:
-            self._expire(self._clock())
-            entry = self._data.get(key)
-            return None if entry is None else entry[2]
-
-    def __len__(self) -> int:
-        with self._lock:
-            self._expire(self._clock())
-            return len(self._data)
-
-
-class LocalWorkQueue(InProcessWorkQueue):
-    """The workers' in-process queue. Results and step events go to callbacks (the dispatch);
-    nothing is kept here. :meth:`cancel` takes a queued item out; :meth:`migrate` moves a level's
-    queue when the plan no longer serves it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.on_result: Callable[[str, WorkResult], None] | None = None
-        self.on_event: Callable[[str, dict], None] | None = None
-
-    def result(self, request_id: str, result: WorkResult) -> None:
-        cb = self.on_result
-        if cb is not None:
-            cb(request_id, result)
-
-    def publish_event(self, request_id: str, event: dict) -> None:
-        cb = self.on_event
-        if cb is not None:
-            cb(request_id, event)
-
-    def wait_result(self, request_id: str, timeout: float | None = None) -> WorkResult | None:
-        raise NotImplementedError("embedded results go to the router's dispatch, not to the queue")
-
-    def cancel(self, request_id: str) -> bool:
-        """Take a not-yet-started item out of whichever level's queue holds it."""
-        with self._cond:
-            for q in self._queues.values():
-                for item in q:
-                    if item.request_id == request_id:
-                        q.remove(item)
-                        return True
-        return False
-
-    def migrate(self, from_level: str, to_level: str, limit: int = 10_000) -> int:
-        with self._cond:
-            src = self._queues.get(from_level)
-            if not src:
-                return 0
-            dst = self._queues.setdefault(to_level, TierQueue())
-            moved = 0
-            while src and moved < limit:
-                item = src.popleft()
-                dst.append(replace(item, level=to_level, meta={**item.meta, "migrated_from": from_level}))
-                moved += 1
-            self._cond.notify_all()
-            return moved
-
-    def pending_by_consumer(self, level_id: str) -> dict[str, int]:
-        return {}
-
-    def requeue_consumer(self, level_id: str, consumer: str) -> int:
-        return 0
-
-    def drop_consumer(self, level_id: str, consumer: str) -> None:
-        return None
-
 
 @dataclass(slots=True)
 class Delivery:
@@ -485,8 +372,6 @@ class LocalDispatch(Dispatch):
         self._call_soon(self._event, request_id, event)
 
     def _finished(self, request_id: str, result: WorkResult) -> None:
-        from argusdiff.service.redis_queue import summarize
-
         if result.handoff is not None:
             item, final = self._decide_handoff(request_id, result)
             if item is not None:

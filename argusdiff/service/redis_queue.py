@@ -41,27 +41,15 @@ from redis.exceptions import RedisError, ResponseError, WatchError
 
 from argusdiff.domain import TIER_PRIORITY, Tier, tier_rank
 from argusdiff.service.errors import QueueUnavailable
+from argusdiff.service.transport.protocol import summarize, wait_result
 from workers.messages import WorkItem, WorkResult
 
 __all__ = ["AsyncRedisDispatch", "RedisKeys", "RedisWorkQueue", "summarize"]
 
 DONE_MAXLEN = 100_000
-
-
-def summarize(result: WorkResult) -> dict[str, Any]:
-    """What the router's bookkeeping needs of a finished item (no image)."""
-    t = result.timings or {}
-    return {
-        "level": result.level,
-        "ok": result.ok,
-        "error_type": result.error_type,
-        "cache_error": bool(result.cache_error) or result.error_type == "CacheUnavailable",
-        "cache_hit": result.cache_hit,
-        "lookup_s": float(t.get("cache_lookup_s", 0.0)),
-        "fetch_s": float(t.get("latent_fetch_s", 0.0)),
-        "finished_s": result.finished_s,
-        "handoff": None if result.handoff is None else result.handoff.level,
-    }
+#: How often :meth:`RedisWorkQueue.wait_result` reads a result it waits for (tools and tests; the
+#: router follows the ``done`` stream instead).
+RESULT_POLL_S = 0.02
 
 
 class RedisKeys:
@@ -362,14 +350,8 @@ class RedisWorkQueue:
         return None if raw is None else WorkResult.from_dict(json.loads(raw))
 
     def wait_result(self, request_id: str, timeout: float | None = None) -> WorkResult | None:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            res = self.fetch_result(request_id)
-            if res is not None:
-                return res
-            if deadline is not None and time.monotonic() >= deadline:
-                return None
-            time.sleep(0.02)
+        """The stored result of ``request_id``, polled every :data:`RESULT_POLL_S` until ``timeout``."""
+        return wait_result(lambda: self.fetch_result(request_id), timeout, lambda _remaining: time.sleep(RESULT_POLL_S))
 
     def qsize(self, level_id: str) -> int:
         """Entries not yet delivered to any worker (the group's lag), over the level's streams."""

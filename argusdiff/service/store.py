@@ -7,68 +7,14 @@ heartbeat is older than the timeout is dead.
 
 from __future__ import annotations
 
-import threading
-import time
-from typing import Any, Protocol
+from typing import Any
 
 from argusdiff.domain import Plan
 from argusdiff.service.plans import plan_from_dict, plan_to_dict
+from argusdiff.service.transport.memory import LocalControlStore
+from argusdiff.service.transport.protocol import ControlStore
 
 __all__ = ["ControlStore", "LocalControlStore", "RedisControlStore"]
-
-
-class ControlStore(Protocol):
-    def publish_plan(self, plan: Plan) -> None: ...
-
-    def read_plan(self) -> Plan | None: ...
-
-    def beat(self, worker_id: str, info: dict[str, Any], ttl_s: float) -> None: ...
-
-    def leave(self, worker_id: str) -> None: ...
-
-    def heartbeats(self) -> tuple[dict[str, dict[str, Any]], set[str]]:
-        """(alive worker id -> last heartbeat info, dead worker ids not yet forgotten)."""
-        ...
-
-    def forget_worker(self, worker_id: str) -> None: ...
-
-
-class LocalControlStore:
-    """In-process store (embedded mode); thread-safe."""
-
-    def __init__(self, clock=time.monotonic) -> None:
-        self._lock = threading.Lock()
-        self._plan: Plan | None = None
-        self._beats: dict[str, tuple[float, float, dict[str, Any]]] = {}  # id -> (time, ttl, info)
-        self._clock = clock
-
-    def publish_plan(self, plan: Plan) -> None:
-        with self._lock:
-            self._plan = plan
-
-    def read_plan(self) -> Plan | None:
-        with self._lock:
-            return self._plan
-
-    def beat(self, worker_id: str, info: dict[str, Any], ttl_s: float) -> None:
-        with self._lock:
-            self._beats[worker_id] = (self._clock(), ttl_s, dict(info))
-
-    def leave(self, worker_id: str) -> None:
-        with self._lock:
-            if worker_id in self._beats:
-                self._beats[worker_id] = (float("-inf"), 0.0, self._beats[worker_id][2])
-
-    def heartbeats(self) -> tuple[dict[str, dict[str, Any]], set[str]]:
-        now = self._clock()
-        with self._lock:
-            alive = {w: info for w, (t, ttl, info) in self._beats.items() if now - t <= ttl}
-            dead = set(self._beats) - set(alive)
-        return alive, dead
-
-    def forget_worker(self, worker_id: str) -> None:
-        with self._lock:
-            self._beats.pop(worker_id, None)
 
 
 class RedisControlStore:
