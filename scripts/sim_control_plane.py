@@ -109,8 +109,8 @@ def main() -> None:
     from argusdiff.service.cluster import ClusterBus
     from argusdiff.service.leader import FencedPlanStore, LeaderLease, StaleLeader
     from argusdiff.service.plans import plan_from_dict, plan_to_dict
-    from argusdiff.service.redis_queue import RedisWorkQueue
-    from argusdiff.service.store import RedisControlStore
+    from argusdiff.service.transport.redis_control import RedisControlStore
+    from argusdiff.service.transport.redis_streams import RedisWorkQueue
 
     rows: list[tuple[str, str]] = []
     tmp = tempfile.mkdtemp(prefix="argusdiff-sim-")
@@ -146,7 +146,8 @@ def main() -> None:
         queue = RedisWorkQueue(url, consumer="sim")
         lease = LeaderLease(redis.Redis.from_url(url), "argusdiff", "leader", lease_s=60)
         lease.step()
-        store = FencedPlanStore(RedisControlStore(queue), lease, lambda: export_state(policy))
+        control = RedisControlStore.sharing(queue)
+        store = FencedPlanStore(control, lease, lambda: export_state(policy))
         import dataclasses
 
         version = [plan.version]
@@ -179,12 +180,12 @@ def main() -> None:
         )
         unchanged = _timed(lambda: fr.get("argusdiff:plan:version"), args.repeat)
         rows.append(("one router or worker poll, plan unchanged (GET version)", _ms(unchanged)))
-        wq = RedisWorkQueue(url, consumer="sim-worker")
+        wq = RedisControlStore(url)
         me = workers[W // 2]
 
         def worker_read():
             wq._view_cache = None  # as after a new version: read the slice
-            wq.read_plan_for(me)
+            wq.read_plan_data_for(me)
 
         rows.append(
             (
@@ -226,7 +227,7 @@ def main() -> None:
         rows.append(
             (
                 f"leader: membership check, every heartbeat ({W:,} workers, one sorted set)",
-                _ms(_timed(queue.membership, args.repeat)),
+                _ms(_timed(control.membership, args.repeat)),
             )
         )
 
@@ -249,7 +250,7 @@ def main() -> None:
         def leader_side():
             leader_bus.flush_and_drain(local)
             leader_bus.routers()
-            queue.heartbeats()
+            control.heartbeats()
             for lv in ids:
                 queue.qsize(lv)
                 queue.pending(lv)
@@ -266,7 +267,10 @@ def main() -> None:
             (f"leader: routers' heartbeats ({args.routers}, MGET)", _ms(_timed(leader_bus.routers, args.repeat)))
         )
         rows.append(
-            (f"leader: workers' heartbeats, once per period ({W:,} HGETALL + parse)", _ms(_timed(queue.heartbeats, 3)))
+            (
+                f"leader: workers' heartbeats, once per period ({W:,} HGETALL + parse)",
+                _ms(_timed(control.heartbeats, 3)),
+            )
         )
         rows.append(
             ("leader: whole statistics step per period (drain, routers, workers, queues)", _ms(_timed(leader_side, 3)))
@@ -274,7 +278,7 @@ def main() -> None:
 
         # -- failover ----------------------------------------------------------------------
         results = _failover(url, args.routers, args.trials, args.period, plan, LeaderLease, FencedPlanStore,
-                            RedisControlStore, RedisWorkQueue, StaleLeader)  # fmt: skip
+                            RedisControlStore, StaleLeader)  # fmt: skip
         lease_s = 0.75 * args.period
         poll = min(1.0, lease_s / 4)
         rows.append((
@@ -296,11 +300,9 @@ def main() -> None:
         print(f"| {a:<{width}} | {b} |")
 
 
-def _failover(
-    url, n, trials, period, plan, LeaderLease, FencedPlanStore, RedisControlStore, RedisWorkQueue, StaleLeader
-):
+def _failover(url, n, trials, period, plan, LeaderLease, FencedPlanStore, RedisControlStore, StaleLeader):
     """Contenders running the leader loop's lease/publish steps; the leader crashes each trial."""
-    kinds = (LeaderLease, FencedPlanStore, RedisControlStore, RedisWorkQueue, StaleLeader)
+    kinds = (LeaderLease, FencedPlanStore, RedisControlStore, StaleLeader)
     out = []
     for trial in range(trials):
         took = _trial(url, f"sim{trial}", n, period, plan, *kinds)
@@ -309,7 +311,7 @@ def _failover(
     return out
 
 
-def _trial(url, ns, n, period, plan, LeaderLease, FencedPlanStore, RedisControlStore, RedisWorkQueue, StaleLeader):
+def _trial(url, ns, n, period, plan, LeaderLease, FencedPlanStore, RedisControlStore, StaleLeader):
     import dataclasses
 
     import redis
@@ -323,7 +325,7 @@ def _trial(url, ns, n, period, plan, LeaderLease, FencedPlanStore, RedisControlS
 
     def contender(i: int) -> None:
         lease = LeaderLease(redis.Redis.from_url(url), ns, f"router-{i:02d}", lease_s)
-        store = FencedPlanStore(RedisControlStore(RedisWorkQueue(url, namespace=ns, consumer=f"c{i}")), lease)
+        store = FencedPlanStore(RedisControlStore(url, namespace=ns), lease)
         leading = False
         next_tick = 0.0
         while not stop.is_set():

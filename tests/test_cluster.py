@@ -19,8 +19,7 @@ from fixtures_service import service_settings
 
 from argusdiff.domain import Plan, Strategy
 from argusdiff.service.leader import FencedPlanStore, LeaderLease, StaleLeader
-from argusdiff.service.redis_queue import RedisWorkQueue
-from argusdiff.service.store import RedisControlStore
+from argusdiff.service.transport.redis_control import RedisControlStore
 from argusdiff.service.worker import wait_until
 
 pytestmark = pytest.mark.integration
@@ -80,7 +79,7 @@ def _wait_plan_with(server, workers: set[str], timeout: float = 30.0) -> Plan:
 
 def test_lease_tokens_rise_and_a_stale_leader_cannot_publish(redis_server):
     r = redis.Redis.from_url(redis_server.url)
-    store = RedisControlStore(RedisWorkQueue(redis_server.url))
+    store = RedisControlStore(redis_server.url)
     a = LeaderLease(r, "argusdiff", "a", lease_s=1.0)
     b = LeaderLease(r, "argusdiff", "b", lease_s=1.0)
     assert a.step() == 1 and b.step() is None and a.step() == 1  # renewal keeps the token
@@ -127,7 +126,7 @@ def test_one_leader_and_followers_route_with_its_published_plan(redis_server, tw
     for i in range(6):
         r = httpx.post(f"{follower.url}/v1/argusdiff/generations", json={"prompt": f"p{i}"}, timeout=30)
         assert r.status_code == 200
-    published = RedisControlStore(RedisWorkQueue(redis_server.url)).read_plan()
+    published = RedisControlStore(redis_server.url).read_plan()
     assert wait_until(lambda: follower.service.router.plan.version >= published.version, 10)
     writers = {x["router"] for x in _log(redis.Redis.from_url(redis_server.url))}
     assert writers == {leader.service.control.router_id}
@@ -240,10 +239,10 @@ def test_a_worker_reads_its_slice_of_the_plan(redis_server, ac):
     r = redis.Redis.from_url(redis_server.url)
     lease = LeaderLease(r, "argusdiff", "leader", 5.0)
     lease.step()
-    FencedPlanStore(RedisControlStore(RedisWorkQueue(redis_server.url)), lease).publish_plan(plan)
+    FencedPlanStore(RedisControlStore(redis_server.url), lease).publish_plan(plan)
     levels = level_catalogue(ac)
     for w in ("w000", "w107", "w199", "nobody"):
-        mine = RedisControlStore(RedisWorkQueue(redis_server.url)).read_plan_for(w)
+        mine = RedisControlStore(redis_server.url).read_plan_for(w)
         assert mine.version == plan.version and mine.assignment.get(w) == plan.assignment.get(w)
         assert set(mine.assignment.values()) == set(plan.assignment.values())
         assert mine.unserved_siblings(levels, mine.assignment.get(w)) == plan.unserved_siblings(

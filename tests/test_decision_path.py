@@ -254,7 +254,7 @@ def test_redis_cascade_handoff_is_decided_once_by_the_policy(redis_server):
     synchronous wait ends with the final result."""
     from argusdiff.domain import ClusterStats
     from argusdiff.service.dispatch import RedisDispatch
-    from argusdiff.service.redis_queue import RedisWorkQueue
+    from argusdiff.service.transport.redis_streams import RedisWorkQueue
     from workers.messages import WorkResult
 
     profile = load_profile("cascade-sdturbo-sdv15")

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from argusdiff.service.errors import QueueUnavailable
-from argusdiff.service.redis_queue import RedisWorkQueue
+from argusdiff.service.transport.redis_control import RedisControlStore
+from argusdiff.service.transport.redis_streams import RedisWorkQueue
 from workers.messages import WorkItem, WorkResult
 
 pytestmark = pytest.mark.integration
@@ -83,10 +84,10 @@ def test_nack_and_migrate(redis_server):
 
 
 def test_plan_and_heartbeats(redis_server):
-    q = RedisWorkQueue(redis_server.url, namespace="t5", consumer="w")
-    assert q.read_plan() is None
-    q.publish_plan({"version": 3, "assignment": {"w": "a"}})
-    assert q.read_plan()["version"] == 3
+    q = RedisControlStore(redis_server.url, namespace="t5")
+    assert q.read_plan_data() is None
+    q.publish_plan_data({"version": 3, "assignment": {"w": "a"}})
+    assert q.read_plan_data()["version"] == 3
     q.beat("w1", {"level": "a"}, ttl_s=10)
     q.beat("w2", {"level": None}, ttl_s=0.001)
     import time
@@ -166,7 +167,7 @@ def test_tier_streams_requeue_migrate_and_block(redis_server):
 def test_router_enqueue_and_cancel_on_tier_streams(redis_server):
     import asyncio
 
-    from argusdiff.service.redis_queue import AsyncRedisDispatch
+    from argusdiff.service.transport.redis_streams import AsyncRedisDispatch
 
     async def go():
         aio = AsyncRedisDispatch(redis_server.url, namespace="t9")

@@ -32,8 +32,7 @@ import redis
 from fixtures_service import free_port
 
 from argusdiff.service.leader import FencedPlanStore, LeaderLease, StaleLeader
-from argusdiff.service.redis_queue import RedisWorkQueue
-from argusdiff.service.store import RedisControlStore
+from argusdiff.service.transport.redis_control import RedisControlStore
 from argusdiff.service.worker import wait_until
 
 pytestmark = pytest.mark.integration
@@ -254,7 +253,7 @@ def test_kill_the_leader_mid_load(redis_server, tier):
     # and the dead leader's token can no longer write
     stale = LeaderLease(r, "argusdiff", leader.rid, LEASE_S)
     stale.token = old_token
-    store = FencedPlanStore(RedisControlStore(RedisWorkQueue(redis_server.url)), stale)
+    store = FencedPlanStore(RedisControlStore(redis_server.url), stale)
     plan = store.read_plan()
     with pytest.raises(StaleLeader):
         store.publish_plan(type(plan)(**{**{f: getattr(plan, f) for f in plan.__dataclass_fields__},

@@ -246,7 +246,8 @@ def test_service_modules_import_no_heavy_libraries():
 
     code = (
         "import sys, argusdiff.service.app, argusdiff.service.api, argusdiff.commands.serve, "
-        "argusdiff.commands.worker, argusdiff.service.redis_queue\n"
+        "argusdiff.commands.worker, argusdiff.service.transport.redis_streams, "
+        "argusdiff.service.transport.redis_control\n"
         "heavy = [m for m in ('torch', 'diffusers', 'transformers', 'timm', 'open_clip') if m in sys.modules]\n"
         "print(','.join(heavy))"
     )

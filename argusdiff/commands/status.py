@@ -43,23 +43,23 @@ def _from_redis(args: argparse.Namespace) -> dict:
     from argusdiff.errors import ConfigError
     from argusdiff.service.cluster import cluster_status
     from argusdiff.service.errors import QueueUnavailable
-    from argusdiff.service.redis_queue import RedisWorkQueue
+    from argusdiff.service.transport.redis_control import RedisControlStore
 
     settings = load_settings(args.config)
     ns = args.namespace or settings.service.namespace
-    queue = RedisWorkQueue(args.redis, namespace=ns, consumer="status", socket_timeout_s=5.0)
+    store = RedisControlStore(args.redis, namespace=ns, socket_timeout_s=5.0)
     if args.plan_writes < 0:
         raise ConfigError(f"--plan-writes must be >= 0, got {args.plan_writes}")
     levels = None
     try:
-        deployment = queue.read_deployment()
+        deployment = store.read_deployment()
         if deployment:
             from argusdiff.domain import level_catalogue
             from argusdiff.profile import load_profile
 
             fallback = deployment.get("fallback")
             levels = level_catalogue(load_profile(deployment["profile"]), load_profile(fallback) if fallback else None)
-        return cluster_status(queue, levels=levels, plan_log=args.plan_writes)
+        return cluster_status(store, levels=levels, plan_log=args.plan_writes)
     except QueueUnavailable as exc:
         raise ConfigError(f"--redis: {exc}") from None
     except (RedisError, OSError) as exc:

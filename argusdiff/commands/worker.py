@@ -90,8 +90,8 @@ def run(args: argparse.Namespace) -> int:
     from argusdiff.profile import load_profile
     from argusdiff.service.caches import build_cache
     from argusdiff.service.errors import QueueUnavailable
-    from argusdiff.service.redis_queue import RedisWorkQueue
-    from argusdiff.service.store import RedisControlStore
+    from argusdiff.service.transport.redis_control import RedisControlStore
+    from argusdiff.service.transport.redis_streams import RedisWorkQueue
     from argusdiff.service.worker import ServiceWorker
     from workers.executor import ExecutorFactory
 
@@ -109,12 +109,13 @@ def run(args: argparse.Namespace) -> int:
         result_ttl_s=cfg.result_ttl_s,
         claim_idle_s=max(60.0, 10 * cfg.worker_timeout_s),
     )
+    store = RedisControlStore.sharing(queue)
     profile_ref, fallback_ref = args.profile, None
     if profile_ref is None:
         deadline = time.monotonic() + args.wait_s
         while True:
             try:
-                deployment = queue.read_deployment()
+                deployment = store.read_deployment()
             except QueueUnavailable:
                 deployment = None
             if deployment:
@@ -134,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     worker = ServiceWorker(
         worker_id,
         queue,
-        RedisControlStore(queue),
+        store,
         factory,
         heartbeat_s=cfg.heartbeat_s,
         ttl_s=cfg.worker_timeout_s,

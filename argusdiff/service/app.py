@@ -33,7 +33,6 @@ from argusdiff.service.images import build_image_store
 from argusdiff.service.leader import ClusterControlLoop
 from argusdiff.service.metrics import ServiceMetrics
 from argusdiff.service.router import Router
-from argusdiff.service.store import RedisControlStore
 from argusdiff.service.transport.memory import LocalControlStore
 from argusdiff.service.worker import ServiceWorker
 from workers.executor import ExecutorFactory
@@ -142,7 +141,9 @@ class Service:
                 images=images,
                 min_record_ttl_s=cfg.request_timeout_s + cfg.drain_timeout_s + 60,
             )
-            self.store: Any = RedisControlStore(self.dispatch.queue)
+            from argusdiff.service.transport.redis_control import RedisControlStore
+
+            self.store: Any = RedisControlStore.sharing(self.dispatch.queue)
         else:
             self.dispatch = LocalDispatch(cfg.result_ttl_s, memory_bytes=memory, images=images)
             self.store = LocalControlStore()
@@ -233,7 +234,7 @@ class Service:
         """Embedded: the shared in-process queue; Redis: one connection (consumer) per worker."""
         if not self.config.redis_url:
             return self.dispatch.queue
-        from argusdiff.service.redis_queue import RedisWorkQueue
+        from argusdiff.service.transport.redis_streams import RedisWorkQueue
 
         cfg = self.config
         return RedisWorkQueue(
@@ -338,7 +339,7 @@ class Service:
         if self.dispatch.mode == "redis":
             deployment = {"profile": profile_ref(self.profile), "fallback": self.config.fallback_profile}
             try:
-                await asyncio.to_thread(self.dispatch.queue.publish_deployment, deployment)
+                await asyncio.to_thread(self.store.publish_deployment, deployment)
             except Exception as exc:  # Redis down at start: the control loop keeps retrying
                 log.warning("cannot publish the deployment to redis: %s", exc)
         for w in self.workers:

@@ -327,12 +327,12 @@ def _plan_summary(plan: dict | None, levels: Any = None) -> dict | None:
     return out
 
 
-def cluster_status(queue: Any, *, levels: Any = None, plan_log: int = 10) -> dict[str, Any]:
+def cluster_status(store: Any, *, levels: Any = None, plan_log: int = 10) -> dict[str, Any]:
     """Routers, the leader, workers (level, loading, heartbeat age), the plan and its recent
-    writes, read from Redis through a :class:`~argusdiff.service.redis_queue.RedisWorkQueue`."""
-    r = queue.r
-    ns = queue.keys.ns
-    k = queue.keys
+    writes, read from Redis through a :class:`~argusdiff.service.transport.redis_control.RedisControlStore`."""
+    r = store.r
+    ns = store.keys.ns
+    k = store.keys
     now = time.time()
     holder = parse_holder(r.get(k.leader))
     ttl_ms = r.pttl(k.leader) if holder else None
@@ -341,7 +341,7 @@ def cluster_status(queue: Any, *, levels: Any = None, plan_log: int = 10) -> dic
     routers = bus.routers()
     raw_plan = r.get(k.plan)
     plan = json.loads(raw_plan) if raw_plan else None
-    alive, dead = queue.heartbeats()
+    alive, dead = store.heartbeats()
     log_rows = r.xrevrange(k.plan_log, count=plan_log)
     writes = [{_text(f): (_text(v)) for f, v in fields.items()} | {"id": _text(eid)} for eid, fields in log_rows or []]
     for w in writes:
@@ -488,7 +488,7 @@ def service_status(service: Any) -> dict[str, Any]:
     if service.dispatch.mode != "redis":
         return local_status(service)
     try:
-        return cluster_status(service.dispatch.queue, levels=service.levels)
+        return cluster_status(service.store, levels=service.levels)
     except (RedisError, OSError) as exc:
         from argusdiff.service.errors import ApiError
 

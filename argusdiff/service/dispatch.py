@@ -50,6 +50,7 @@ __all__ = ["Delivery", "Dispatch", "LocalDispatch", "RedisDispatch"]
 
 log = logging.getLogger("argusdiff.service")
 
+
 @dataclass(slots=True)
 class Delivery:
     """This router's view of one accepted work item, until its result is delivered."""
@@ -435,7 +436,7 @@ class RedisDispatch(Dispatch):
         min_record_ttl_s: float = 0.0,
     ) -> None:
         super().__init__(result_ttl_s=result_ttl_s, memory_bytes=memory_bytes, images=images)
-        from argusdiff.service.redis_queue import AsyncRedisDispatch, RedisWorkQueue
+        from argusdiff.service.transport.redis_streams import AsyncRedisDispatch, RedisWorkQueue
 
         self.url = url
         self.aio = AsyncRedisDispatch(url, namespace=namespace)

@@ -42,7 +42,8 @@ from argusdiff.errors import ArgusdiffError
 from argusdiff.service.cluster import ClusterBus, ClusterRouterView, parse_holder
 from argusdiff.service.control import ControlLoop
 from argusdiff.service.plans import plan_to_dict
-from argusdiff.service.redis_queue import RedisKeys, worker_view
+from argusdiff.service.transport.redis_control import worker_view
+from argusdiff.service.transport.redis_streams import RedisKeys
 
 __all__ = ["ClusterControlLoop", "FencedPlanStore", "LeaderLease", "StaleLeader", "new_router_id"]
 
@@ -153,7 +154,7 @@ class LeaderLease:
 
 
 class FencedPlanStore:
-    """A :class:`~argusdiff.service.store.RedisControlStore` whose plan writes carry the lease's
+    """A :class:`~argusdiff.service.transport.redis_control.RedisControlStore` whose plan writes carry the lease's
     token (see the module doc); everything else is delegated."""
 
     def __init__(self, store: Any, lease: LeaderLease, state_fn: Any = None) -> None:
@@ -215,7 +216,7 @@ class ClusterControlLoop(ControlLoop):
 
     def __init__(self, *, router_id: str | None = None, lease_s: float | None = None, **kwargs: Any) -> None:
         from argusdiff.service.autoscale import AutoscaleMetrics
-        from argusdiff.service.store import RedisControlStore
+        from argusdiff.service.transport.redis_control import RedisControlStore
 
         router = kwargs.pop("router")
         store = kwargs.pop("store")

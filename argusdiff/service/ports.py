@@ -52,8 +52,8 @@ class PromptSimilarity(Protocol):
 
 
 class ControlQueue(WorkQueue, Protocol):
-    """The work queue as the control loop uses it (``argusdiff.service.dispatch.LocalWorkQueue``,
-    ``argusdiff.service.redis_queue.RedisWorkQueue``): depths, plus moving work off a dead worker
+    """The work queue as the control loop uses it (``argusdiff.service.transport.memory.LocalWorkQueue``,
+    ``argusdiff.service.transport.redis_streams.RedisWorkQueue``): depths, plus moving work off a dead worker
     or an unserved level."""
 
     def migrate(self, from_level: str, to_level: str, limit: int = 10_000) -> int: ...

@@ -4,7 +4,7 @@ resilience to an unreachable queue.
 A :class:`ServiceWorker` runs wherever a GPU is (in the router's process in embedded mode, or as
 ``argusdiff worker --redis ...`` on any machine). It
 
-* heartbeats every ``heartbeat_s`` into the :class:`~argusdiff.service.store.ControlStore`
+* heartbeats every ``heartbeat_s`` into the :class:`~argusdiff.service.transport.protocol.ControlStore`
   (level, the level it is loading, items done) from its own thread, so a long model load or batch
   never makes it look dead;
 * reads the published plan on each heartbeat and hands it to the worker loop, which switches

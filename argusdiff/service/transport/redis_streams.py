@@ -1,4 +1,4 @@
-"""Redis Streams transport: the :class:`workers.queue.WorkQueue` protocol across machines.
+"""The Redis Streams transport: the :class:`workers.queue.WorkQueue` protocol and the results across machines.
 
 Layout under a namespace ``ns`` (default ``argusdiff``):
 
@@ -15,14 +15,14 @@ Layout under a namespace ``ns`` (default ``argusdiff``):
   ``ns:done`` — a capped stream of finished request ids the router listens on (a cascade
   deferral is published there too, its result carrying a ``handoff`` item; the router that sets
   ``ns:handoff:<request id>`` first asks its policy what follows);
-* ``ns:plan`` — the plan in force (JSON); ``ns:hb:<worker>`` — heartbeat hashes with expiry;
-  ``ns:workers`` — every worker id seen (a member without a heartbeat key is dead).
 * ``ns:req:<request id>`` — accepted requests, so a restarted router can still answer polls (and a
   vanished one tells a waiting router that Redis lost the work);
 * ``ns:events`` — pub/sub channel of step events (progress, partial images) of streamed items.
 
 :class:`RedisWorkQueue` is the synchronous side (workers, control loop, tools);
-:class:`AsyncRedisDispatch` the router's asyncio side.
+:class:`AsyncRedisDispatch` the router's asyncio side. The plan, the deployment and the workers'
+heartbeats are the control store's (:mod:`argusdiff.service.transport.redis_control`); :class:`RedisKeys`
+names every key of both.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from argusdiff.service.errors import QueueUnavailable
 from argusdiff.service.transport.protocol import summarize, wait_result
 from workers.messages import WorkItem, WorkResult
 
-__all__ = ["AsyncRedisDispatch", "RedisKeys", "RedisWorkQueue", "summarize"]
+__all__ = ["AsyncRedisDispatch", "RedisKeys", "RedisWorkQueue", "decode", "redis_call", "sync_client"]
 
 DONE_MAXLEN = 100_000
 #: How often :meth:`RedisWorkQueue.wait_result` reads a result it waits for (tools and tests; the
@@ -53,6 +53,8 @@ RESULT_POLL_S = 0.02
 
 
 class RedisKeys:
+    """Every key of a namespace: the work queue's, the results' and the control store's."""
+
     def __init__(self, namespace: str = "argusdiff") -> None:
         self.ns = namespace
         self.group = f"{namespace}:workers"
@@ -139,18 +141,26 @@ return redis.call('XDEL', KEYS[1], ARGV[2])
 """
 
 
-def worker_view(plan_json: dict[str, Any]) -> dict[str, Any]:
-    """The plan as a worker reads it: everything but the assignment, which keeps one worker of
-    each served level (so the served levels stay what they are: ``Plan.unserved_siblings``). The
-    worker adds its own entry from ``plan:assign``. A 10,000-worker plan is ~0.3 MB; this is ~1 KB."""
-    keep: dict[str, Any] = {}
-    for w, lv in (plan_json.get("assignment") or {}).items():
-        if lv is not None and lv not in keep.values():
-            keep[w] = lv
-    return {**plan_json, "assignment": keep}
+def sync_client(url: str | None, socket_timeout_s: float, who: str) -> redis.Redis:
+    """A synchronous client (thread-safe connection pool) for ``url``."""
+    if url is None:
+        raise ValueError(f"{who} needs a url or a client")
+    return redis.Redis.from_url(
+        url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s, health_check_interval=10
+    )
 
 
-def _decode(value: Any) -> str:
+def redis_call(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` with every Redis or socket failure raised as :class:`QueueUnavailable`."""
+    try:
+        return fn(*args, **kwargs)
+    except ResponseError as exc:
+        raise QueueUnavailable(f"redis: {exc}") from exc
+    except (RedisError, OSError) as exc:
+        raise QueueUnavailable(f"redis unavailable: {exc}") from exc
+
+
+def decode(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
@@ -164,7 +174,7 @@ def _entry_ref(item: WorkItem, entry_id: str) -> str:
 def _item_from_entry(level_id: str, entry_id: Any, fields: dict) -> WorkItem:
     raw = fields.get(b"item") or fields.get("item")
     data = json.loads(raw)
-    return WorkItem.from_dict(data, receipt=f"{level_id}|{_decode(entry_id)}")
+    return WorkItem.from_dict(data, receipt=f"{level_id}|{decode(entry_id)}")
 
 
 class RedisWorkQueue:
@@ -181,21 +191,13 @@ class RedisWorkQueue:
         claim_idle_s: float = 300.0,
         socket_timeout_s: float = 5.0,
     ) -> None:
-        if client is None:
-            if url is None:
-                raise ValueError("RedisWorkQueue needs a url or a client")
-            client = redis.Redis.from_url(
-                url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s, health_check_interval=10
-            )
-        self.r = client
+        self.r = client if client is not None else sync_client(url, socket_timeout_s, "RedisWorkQueue")
         self.keys = RedisKeys(namespace)
         self.consumer = consumer
         self.result_ttl_ms = int(result_ttl_s * 1000)
         self.claim_idle_ms = int(claim_idle_s * 1000)
         self._groups: set[str] = set()
         self._last_autoclaim: dict[str, float] = {}
-        self._plan_cache: tuple[Any, dict] | None = None
-        self._view_cache: tuple[Any, dict] | None = None
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -216,13 +218,11 @@ class RedisWorkQueue:
 
     def _call(self, fn, *args, **kwargs):
         try:
-            return fn(*args, **kwargs)
-        except ResponseError as exc:
+            return redis_call(fn, *args, **kwargs)
+        except QueueUnavailable as exc:
             if "NOGROUP" in str(exc):  # the server lost its data (restart without persistence)
                 self._groups.clear()
-            raise QueueUnavailable(f"redis: {exc}") from exc
-        except (RedisError, OSError) as exc:
-            raise QueueUnavailable(f"redis unavailable: {exc}") from exc
+            raise
 
     def ping(self) -> bool:
         try:
@@ -358,11 +358,11 @@ class RedisWorkQueue:
 
         def _lag(stream: str) -> int:
             for g in self.r.xinfo_groups(stream):
-                name = _decode(g.get("name", g.get(b"name", b"")))
+                name = decode(g.get("name", g.get(b"name", b"")))
                 if name == self.keys.group:
                     lag = g.get("lag", g.get(b"lag"))
                     if lag is None:  # lag unknown after deletions: count the entries after the last delivery
-                        last = _decode(g.get("last-delivered-id", "0-0"))
+                        last = decode(g.get("last-delivered-id", "0-0"))
                         return len(self.r.xrange(stream, min=f"({last}", max="+"))
                     return int(lag)
             return 0
@@ -385,7 +385,7 @@ class RedisWorkQueue:
             for stream in self._ensure_groups(level_id):
                 info = self.r.xpending(stream, self.keys.group)
                 for c in info.get("consumers") or []:
-                    name = _decode(c["name"])
+                    name = decode(c["name"])
                     out[name] = out.get(name, 0) + int(c["pending"])
             return out
 
@@ -463,142 +463,6 @@ class RedisWorkQueue:
 
         return self._call(_migrate)
 
-    # -- plan and heartbeats ---------------------------------------------------------------
-
-    def publish_plan(self, plan_json: dict[str, Any]) -> None:
-        """Unfenced (a single router, tools); many routers publish through
-        :class:`argusdiff.service.leader.FencedPlanStore`, which writes the same keys."""
-        raw = json.dumps(plan_json)
-        assign = {w: json.dumps(lv) for w, lv in (plan_json.get("assignment") or {}).items()}
-
-        def _pub():
-            pipe = self.r.pipeline(transaction=True)
-            pipe.set(self.keys.plan, raw)
-            pipe.set(self.keys.plan_view, json.dumps(worker_view(plan_json)))
-            pipe.delete(self.keys.plan_assign)
-            if assign:
-                pipe.hset(self.keys.plan_assign, mapping=assign)
-            pipe.set(self.keys.plan_version, int(plan_json.get("version", 0)))
-            pipe.publish(self.keys.plan_channel, str(plan_json.get("version", "")))
-            pipe.execute()
-
-        self._call(_pub)
-
-    def read_plan_for(self, worker_id: str) -> dict[str, Any] | None:
-        """The plan as ``worker_id`` needs it (:func:`worker_view` plus its own entry), read only
-        when the version changed; the whole plan where no view is published."""
-        version = self._call(self.r.get, self.keys.plan_version)
-        cached = self._view_cache
-        if version is not None and cached is not None and cached[0] == version:
-            return cached[1]
-
-        def _read():
-            pipe = self.r.pipeline(transaction=True)
-            pipe.get(self.keys.plan_version)
-            pipe.get(self.keys.plan_view)
-            pipe.hget(self.keys.plan_assign, worker_id)
-            return pipe.execute()
-
-        version, view, mine = self._call(_read)
-        if view is None:
-            return self.read_plan()
-        data = json.loads(view)
-        assignment = {w: lv for w, lv in data["assignment"].items() if w != worker_id}
-        if mine is not None:
-            assignment[worker_id] = json.loads(mine)
-        data["assignment"] = assignment
-        self._view_cache = (version, data)
-        return data
-
-    def read_plan(self) -> dict[str, Any] | None:
-        """The published plan; when routers publish it fenced (``ns:plan:version`` set), the plan
-        itself is read only when its version changed (a 10,000-worker plan is ~0.5 MB)."""
-        version = self._call(self.r.get, self.keys.plan_version)
-        cached = self._plan_cache
-        if version is not None and cached is not None and cached[0] == version:
-            return cached[1]
-        raw = self._call(self.r.get, self.keys.plan)
-        data = None if raw is None else json.loads(raw)
-        self._plan_cache = (version, data) if version is not None and data is not None else None
-        return data
-
-    def publish_deployment(self, data: dict[str, Any]) -> None:
-        """What the router serves (profile names), so a worker started without --profile can follow."""
-        self._call(self.r.set, self.keys.deployment, json.dumps(data))
-
-    def read_deployment(self) -> dict[str, Any] | None:
-        raw = self._call(self.r.get, self.keys.deployment)
-        return None if raw is None else json.loads(raw)
-
-    def beat(self, worker_id: str, info: dict[str, Any], ttl_s: float) -> None:
-        key = self.keys.heartbeat(worker_id)
-        mapping = {k: json.dumps(v) for k, v in {**info, "ts": time.time()}.items()}
-
-        def _beat():
-            pipe = self.r.pipeline(transaction=True)
-            pipe.hset(key, mapping=mapping)
-            pipe.pexpire(key, max(1, int(ttl_s * 1000)))
-            pipe.sadd(self.keys.workers, worker_id)
-            pipe.zadd(self.keys.workers_beat, {worker_id: time.time() + ttl_s})
-            pipe.execute()
-
-        self._call(_beat)
-
-    def leave(self, worker_id: str) -> None:
-        """A worker shutting down cleanly: heartbeat gone at once."""
-
-        def _leave():
-            pipe = self.r.pipeline(transaction=True)
-            pipe.delete(self.keys.heartbeat(worker_id))
-            pipe.zadd(self.keys.workers_beat, {worker_id: 0})
-            pipe.execute()
-
-        self._call(_leave)
-
-    def membership(self) -> tuple[set[str], set[str]]:
-        """(ids whose heartbeat has not expired, ids whose heartbeat expired and are not forgotten),
-        from one sorted set: cheap enough to ask every heartbeat with 10,000 workers, where
-        :meth:`heartbeats` reads and parses every heartbeat hash."""
-
-        def _m():
-            now = time.time()
-            pipe = self.r.pipeline(transaction=False)
-            pipe.zrangebyscore(self.keys.workers_beat, f"({now}", "+inf")
-            pipe.zrangebyscore(self.keys.workers_beat, "-inf", now)
-            alive, expired = pipe.execute()
-            return {_decode(w) for w in alive}, {_decode(w) for w in expired}
-
-        return self._call(_m)
-
-    def heartbeats(self) -> tuple[dict[str, dict[str, Any]], set[str]]:
-        """(alive worker id -> heartbeat info, ids seen before whose heartbeat expired)."""
-
-        def _hb():
-            ids = sorted(_decode(w) for w in self.r.smembers(self.keys.workers))
-            pipe = self.r.pipeline(transaction=False)
-            for w in ids:
-                pipe.hgetall(self.keys.heartbeat(w))
-            rows = pipe.execute()
-            alive: dict[str, dict[str, Any]] = {}
-            dead: set[str] = set()
-            for w, row in zip(ids, rows, strict=True):
-                if row:
-                    alive[w] = {_decode(k): json.loads(v) for k, v in row.items()}
-                else:
-                    dead.add(w)
-            return alive, dead
-
-        return self._call(_hb)
-
-    def forget_worker(self, worker_id: str) -> None:
-        def _forget():
-            pipe = self.r.pipeline(transaction=True)
-            pipe.srem(self.keys.workers, worker_id)
-            pipe.zrem(self.keys.workers_beat, worker_id)
-            pipe.execute()
-
-        self._call(_forget)
-
 
 class AsyncRedisDispatch:
     """The router's asyncio side: enqueue, listen for finished requests, store request records
@@ -649,7 +513,7 @@ class AsyncRedisDispatch:
                 if guard is not None:
                     await pipe.watch(guard.key)
                     held = await pipe.get(guard.key)
-                    if held is None or _decode(held) != guard.reservation:
+                    if held is None or decode(held) != guard.reservation:
                         guard.conflict = True
                         raise IdempotencyConflict("the idempotency key's reservation is no longer ours")
                     pipe.multi()
@@ -661,7 +525,7 @@ class AsyncRedisDispatch:
                     if guard is not None:
                         pipe.set(guard.key, guard.accepted(rid), px=int(guard.ttl_s * 1000))
                 replies = await pipe.execute()
-            return [_entry_ref(item, _decode(r)) for item, r in zip(items, replies, strict=False)]
+            return [_entry_ref(item, decode(r)) for item, r in zip(items, replies, strict=False)]
         except WatchError as exc:
             if guard is not None:
                 guard.conflict = True
@@ -694,14 +558,14 @@ class AsyncRedisDispatch:
         done: list[tuple[str, dict]] = []
         for _stream, entries in res or []:
             for entry_id, fields in entries:
-                last_id = _decode(entry_id)
+                last_id = decode(entry_id)
                 raw = fields.get(b"summary") or fields.get("summary")
-                done.append((_decode(fields.get(b"id") or fields.get("id")), json.loads(raw) if raw else {}))
+                done.append((decode(fields.get(b"id") or fields.get("id")), json.loads(raw) if raw else {}))
         return last_id, done
 
     async def last_done_id(self) -> str:
         rows = await self._do(self.r.xrevrange(self.keys.done, count=1))
-        return _decode(rows[0][0]) if rows else "0-0"
+        return decode(rows[0][0]) if rows else "0-0"
 
     async def get_record(self, request_id: str) -> dict | None:
         raw = await self._do(self.r.get(self.keys.request(request_id)))
@@ -759,10 +623,6 @@ class AsyncRedisDispatch:
         finally:
             with contextlib.suppress(RedisError, OSError):
                 await pubsub.aclose()
-
-    async def read_plan(self) -> dict | None:
-        raw = await self._do(self.r.get(self.keys.plan))
-        return None if raw is None else json.loads(raw)
 
     async def close(self) -> None:
         for client in (self.r, self.listen_r):
