@@ -37,6 +37,8 @@ __all__ = [
     "DemandPredictor",
     "EwmaDemand",
     "PredictorSpec",
+    "arrival_bins",
+    "bin_length_s",
     "predictor_spec",
 ]
 
@@ -244,6 +246,39 @@ def predictor_spec(value: PredictorSpec | str | Mapping[str, Any] | None) -> Pre
             except ValueError:
                 raise ConfigError(f"predictor {key}: {val!r} is not a number") from None
     return replace(base, **changes) if changes else base
+
+
+#: the longest sub-period bin the control path counts arrivals in (a reading's own bins, when
+#: shorter, are used instead: :func:`bin_length_s`)
+MAX_ARRIVAL_BIN_S = 1.0
+
+
+def bin_length_s(spec: PredictorSpec) -> float:
+    """The bin the control path counts a period's arrivals in for ``spec``: 1 s, or the reading's
+    own bin when shorter (a reading of 0.1 s rates needs 0.1 s counts)."""
+    return min(MAX_ARRIVAL_BIN_S, spec.bin_s)
+
+
+def arrival_bins(
+    times: Iterable[float], start_s: float, span_s: float, bin_s: float = MAX_ARRIVAL_BIN_S
+) -> tuple[tuple[int, ...], float]:
+    """The arrival times of the period ``[start_s, start_s + span_s)`` counted in consecutive
+    bins aligned to the period's start (oldest first), and the bin length: ``round(span / bin_s)``
+    bins of equal length. A time before the start counts in the first bin and one at or after
+    the end in the last, so the bins always sum to the period's arrivals. The simulator and the
+    live control loop both bin with this function, by each arrival's own time."""
+    if not (math.isfinite(span_s) and span_s > 0):
+        raise ConfigError(f"span_s: must be > 0, got {span_s}")
+    if not (math.isfinite(bin_s) and bin_s > 0):
+        raise ConfigError(f"bin_s: must be > 0, got {bin_s}")
+    nb = max(1, round(span_s / bin_s))
+    scale = nb / span_s
+    last = nb - 1
+    bins = [0] * nb
+    for t in times:
+        k = math.floor((t - start_s) * scale)
+        bins[0 if k < 0 else last if k > last else k] += 1
+    return tuple(bins), span_s / nb
 
 
 class DemandPredictor:

@@ -113,7 +113,9 @@ class _OracleAdapter:
         return fut
 
 
-async def _live_replay(service, arrivals, prompts, warm) -> list[tuple[float, str | None, bool]]:
+async def _live_replay(service, arrivals, prompts, warm, policy, plans=None) -> list[tuple[float, str | None, bool]]:
+    import dataclasses
+
     from argusdiff.service.errors import ApiError
     from argusdiff.service.schemas import GenerationSpec
     from argusdiff.service.worker import wait_until
@@ -123,18 +125,26 @@ async def _live_replay(service, arrivals, prompts, warm) -> list[tuple[float, st
         await asyncio.to_thread(
             wait_until, lambda: service.ready() and len(service.control.alive) == len(service.workers), 30
         )
-        router = service.router
+        router, control = service.router, service.control
+        control.restart_period()  # no full tick of the loop's own until the trace starts
+        # the simulator's cluster before the trace: workers at no level, and a policy that has seen
+        # no plan (the service's start-up plans were made for 0 QPM)
+        ids = [w.worker_id for w in service.workers]
+        service.store.publish_plan(dataclasses.replace(control.plan, assignment={w: None for w in ids}))
+
+        def idle() -> bool:
+            alive, _ = service.store.heartbeats()
+            return len(alive) == len(ids) and all(info.get("level") is None for info in alive.values())
+
+        await asyncio.to_thread(wait_until, idle, 30)
+        service.policy = router.policy = control.policy = policy
         # warm start, as the simulator: the cluster was running before the trace, so the first plan
-        # sees the first period's arrivals and optimal levels, and workers are at their levels
+        # sees the first period's arrivals (at their times) and optimal levels
+        now = time.time()
         router.arrivals, router.affinity = warm[0], warm[1]
-        # ... in 1 s bins too (the simulator's first plan sees the first period's bins)
-        start = time.time() - service.control.period_s
-        for t in warm[2]:
-            router.arrival_seconds[int(start + t)] += 1
-        if service.policy.demand is not None:  # forget the start-up plan's 0-QPM observation
-            service.policy.demand = service.policy.new_demand_predictor()
-        service.control.last_tick = time.time() - service.control.period_s  # one full period
-        plan = await service.control.tick()
+        router.arrival_times.extend(now - control.period_s + t for t in warm[2])
+        control.last_tick = now - control.period_s  # one full period
+        plan = await control.tick()
 
         def adopted() -> bool:
             return all(w.worker.level == plan.assignment.get(w.worker_id) for w in service.workers)
@@ -158,6 +168,24 @@ async def _live_replay(service, arrivals, prompts, warm) -> list[tuple[float, st
             out[i] = (lat, res.level, lat <= sub.deadline_s - sub.arrival_s)
 
         start = time.monotonic()
+        control.restart_period()  # the trace starts a control period, as in the simulator
+        if plans is not None:  # record each live plan at its trace time (--plans)
+            step = service.control.step
+            wall0 = time.time()
+
+            def recording(*a, **kw):
+                p = step(*a, **kw)
+                plans.append(
+                    {
+                        "t": (time.time() - wall0),
+                        "qpm": p.predicted_qpm,
+                        "assignment": dict(p.assignment),
+                        "thresholds": dict(p.thresholds),
+                    }
+                )
+                return p
+
+            service.control.step = recording
         tasks = []
         for i, t in enumerate(arrivals):
             delay = start + t - time.monotonic()
@@ -186,15 +214,19 @@ def fidelity(args) -> int:
     profile = load_profile(args.fid_profile)
     wl = quick_workload(args.trace, [profile], n_prompts=300, seed=0)
     period = args.period
-    sim_policy = make_policy(
-        args.policy, profile, rng=np.random.default_rng(0), config={"period_s": period, "backend": "highs"}
-    )
+    sim_options = {"period_s": period, "backend": "highs"}
+    sim_policy = make_policy(args.policy, profile, rng=np.random.default_rng(0), config=sim_options)
     # the same admission after the policy in both (the service's default; the live run's times are
     # all scaled by --time-scale, so its decisions match the simulator's)
     admission = Settings(admission={"enabled": not args.no_admission}).admission.mechanism()
-    # stand-in workers never miss the cache: the simulator starts with every prompt cached
-    sim_cfg = SimConfig(gpus=args.gpus, period_s=period, seed=0, cache_prefill=args.cache_prefill, admission=admission)
-    sim = summarize(simulate(sim_policy, wl, sim_cfg))
+    # stand-in workers never miss the cache and look nothing up: the simulator starts with every
+    # prompt cached, and its lookups cost nothing
+    sim_cfg = SimConfig(
+        gpus=args.gpus, period_s=period, seed=0, cache_prefill=args.cache_prefill, cache_latency_s=0.0,
+        admission=admission,
+    )  # fmt: skip
+    sim_res = simulate(sim_policy, wl, sim_cfg)
+    sim = summarize(sim_res)
 
     s = args.time_scale
     scaled = profile.time_scaled(s)
@@ -202,6 +234,17 @@ def fidelity(args) -> int:
     prompts = [wl.prompts[r] for r in rows]
     optimal = wl.optimal[profile.ids]
     oracle = _OracleAdapter({wl.prompts[r]: profile.ids[int(optimal[r])] for r in set(rows.tolist())})
+    # the simulator's policy options with every time scaled (SLO, period, demand bins and window,
+    # DiffServe's re-allocation period): the live policy differs from the simulator's in nothing else
+    spec = sim_policy.predictor_spec
+    live_options = {
+        **sim_options,
+        "slo_s": scaled.default_slo_s(),
+        "period_s": period * s,
+        "predictor": dataclasses.replace(spec, bin_s=spec.bin_s * s, window_s=spec.window_s * s),
+    }
+    if hasattr(sim_policy.options, "allocation_period_s"):
+        live_options["allocation_period_s"] = sim_policy.allocation_period_s * s
     settings = Settings.model_validate(
         {
             "profile": args.fid_profile,
@@ -219,9 +262,7 @@ def fidelity(args) -> int:
         }
     )
     service = Service(settings, profile=scaled, classifier=oracle)
-    # the demand predictor reads rates over bins and windows in seconds: compress them as well
-    spec = sim_policy.predictor_spec
-    service.policy.predictor_spec = dataclasses.replace(spec, bin_s=spec.bin_s * s, window_s=spec.window_s * s)
+    live_policy = make_policy(args.policy, scaled, rng=np.random.default_rng(0), classifier=oracle, config=live_options)
     if profile.cascade is not None and wl.confidence is not None:
         # the stand-in light workers judge with the simulator's per-prompt confidences
         conf = {wl.prompts[r]: float(wl.confidence[r]) for r in set(rows.tolist())}
@@ -234,7 +275,8 @@ def fidelity(args) -> int:
         Counter(profile.ids[int(optimal[r])] for r in rows[first]),
         tuple(float(t) * s for t in wl.arrivals_s[first]),  # when, within the compressed period
     )
-    live = asyncio.run(_live_replay(service, wl.arrivals_s * s, prompts, warm))
+    live_plans: list[dict] | None = [] if args.plans else None
+    live = asyncio.run(_live_replay(service, wl.arrivals_s * s, prompts, warm, live_policy, live_plans))
     n = len(live)
     ok = sum(1 for _, _, met in live if met)
     mix: dict[str, int] = {}
@@ -255,6 +297,15 @@ def fidelity(args) -> int:
         a = sim["level_mix"].get(lv, 0.0)
         b = mix.get(lv, 0) / served
         print(f"{'mix ' + lv:<22}{a:>10.3f}{b:>10.3f}{100 * (b - a):>11.1f}")
+    if live_plans is not None:
+        print("plans (trace time s, predicted QPM, workers per level[, thresholds]):")
+        for name, rows in (("simulator", sim_res.plans), ("live", live_plans)):
+            for p in rows:
+                t = p["t"] if name == "simulator" else p["t"] / s
+                counts = p["counts"] if name == "simulator" else Counter(v for v in p["assignment"].values() if v)
+                counts = {k: v for k, v in counts.items() if v}
+                th = {k: round(v, 3) for k, v in p["thresholds"].items()}
+                print(f"  {name:<10}{t:>8.1f}{p.get('predicted_qpm', p.get('qpm')):>8.1f}  {counts} {th or ''}")
     return 0
 
 
@@ -279,6 +330,7 @@ def main() -> int:
         default=1.0,
         help="share of prompts cached before the simulated run (stand-in workers always hit: 1)",
     )
+    ap.add_argument("--plans", action="store_true", help="fidelity run: print both sides' plans")
     ap.add_argument("--no-admission", action="store_true", help="fidelity run without admission (both sides)")
     args = ap.parse_args()
     if args.fidelity:
