@@ -343,8 +343,14 @@ class DemandPredictor:
             and bin_s <= self.spec.bin_s * 1.01  # live bins are the period split evenly: ~1 s, not exactly
             and abs(len(bins) * bin_s - period_s) < 1e-6 * period_s + 1e-9
         ):
+            # a live period is a few microseconds off its nominal length, so are its bins: a bin
+            # within 1 % of a whole fraction of the reading's bin counts as exactly that fraction
+            # (else a 0.9999999 s bin leaves the 1 s bin open and the next bin's arrivals join it)
+            k = max(1, round(self.spec.bin_s / bin_s))
+            exact = self.spec.bin_s / k
+            step = exact if abs(bin_s - exact) <= 0.01 * exact else bin_s
             for c in bins:
-                self._add(float(c), bin_s)
+                self._add(float(c), step)
         else:
             self._add(float(arrivals), float(period_s))
         return self.predicted

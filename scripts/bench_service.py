@@ -130,14 +130,39 @@ async def _live_replay(service, arrivals, prompts, warm, policy, plans=None) -> 
         # the simulator's cluster before the trace: workers at no level, and a policy that has seen
         # no plan (the service's start-up plans were made for 0 QPM)
         ids = [w.worker_id for w in service.workers]
-        service.store.publish_plan(dataclasses.replace(control.plan, assignment={w: None for w in ids}))
+        control._version += 1  # the next plan's version follows this one's
+        service.store.publish_plan(
+            dataclasses.replace(control.plan, assignment={w: None for w in ids}, version=control._version)
+        )
 
         def idle() -> bool:
             alive, _ = service.store.heartbeats()
             return len(alive) == len(ids) and all(info.get("level") is None for info in alive.values())
 
-        await asyncio.to_thread(wait_until, idle, 30)
+        if not await asyncio.to_thread(wait_until, idle, 30):
+            raise SystemExit("the live workers did not go idle before the trace")
         service.policy = router.policy = control.policy = policy
+        wall0 = time.time()  # the warm plan at 0; re-set when the trace starts
+        if plans is not None:  # record each live plan and what it saw, at its trace time (--plans)
+            plan_fn = policy.plan
+
+            def recording(stats):
+                p = plan_fn(stats)
+                plans.append(
+                    {
+                        "t": stats.now_s - wall0,
+                        "qpm": p.predicted_qpm,
+                        "assignment": dict(p.assignment),
+                        "thresholds": dict(p.thresholds),
+                        "current": dict(stats.current),
+                        "arrivals": stats.arrivals,
+                        "period": stats.period_s,
+                        "reason": stats.reason,
+                    }
+                )
+                return p
+
+            policy.plan = recording
         # warm start, as the simulator: the cluster was running before the trace, so the first plan
         # sees the first period's arrivals (at their times) and optimal levels
         now = time.time()
@@ -149,7 +174,8 @@ async def _live_replay(service, arrivals, prompts, warm, policy, plans=None) -> 
         def adopted() -> bool:
             return all(w.worker.level == plan.assignment.get(w.worker_id) for w in service.workers)
 
-        await asyncio.to_thread(wait_until, adopted, 30)
+        if not await asyncio.to_thread(wait_until, adopted, 30):
+            raise SystemExit("the live workers did not adopt the first plan")
         out: list[tuple[float, str | None, bool]] = [(0.0, None, False)] * len(arrivals)
 
         async def one(i: int) -> None:
@@ -169,23 +195,7 @@ async def _live_replay(service, arrivals, prompts, warm, policy, plans=None) -> 
 
         start = time.monotonic()
         control.restart_period()  # the trace starts a control period, as in the simulator
-        if plans is not None:  # record each live plan at its trace time (--plans)
-            step = service.control.step
-            wall0 = time.time()
-
-            def recording(*a, **kw):
-                p = step(*a, **kw)
-                plans.append(
-                    {
-                        "t": (time.time() - wall0),
-                        "qpm": p.predicted_qpm,
-                        "assignment": dict(p.assignment),
-                        "thresholds": dict(p.thresholds),
-                    }
-                )
-                return p
-
-            service.control.step = recording
+        wall0 = time.time()
         tasks = []
         for i, t in enumerate(arrivals):
             delay = start + t - time.monotonic()
@@ -298,14 +308,17 @@ def fidelity(args) -> int:
         b = mix.get(lv, 0) / served
         print(f"{'mix ' + lv:<22}{a:>10.3f}{b:>10.3f}{100 * (b - a):>11.1f}")
     if live_plans is not None:
-        print("plans (trace time s, predicted QPM, workers per level[, thresholds]):")
-        for name, rows in (("simulator", sim_res.plans), ("live", live_plans)):
-            for p in rows:
-                t = p["t"] if name == "simulator" else p["t"] / s
-                counts = p["counts"] if name == "simulator" else Counter(v for v in p["assignment"].values() if v)
-                counts = {k: v for k, v in counts.items() if v}
-                th = {k: round(v, 3) for k, v in p["thresholds"].items()}
-                print(f"  {name:<10}{t:>8.1f}{p.get('predicted_qpm', p.get('qpm')):>8.1f}  {counts} {th or ''}")
+        print("plans (trace time s, predicted QPM, workers per level[, thresholds]; live: what it saw)")
+        for p in sim_res.plans:
+            counts = {k: v for k, v in p["counts"].items() if v}
+            th = {k: round(v, 3) for k, v in p["thresholds"].items()}
+            print(f"  {'simulator':<10}{p['t']:>8.1f}{p['predicted_qpm']:>8.1f}  {counts} {th or ''}")
+        for p in live_plans:
+            counts = dict(Counter(v for v in p["assignment"].values() if v))
+            th = {k: round(v, 3) for k, v in p["thresholds"].items()}
+            cur = dict(Counter(v for v in p["current"].values()))
+            print(f"  {'live':<10}{p['t'] / s:>8.1f}{p['qpm'] * s:>8.1f}  {counts} {th or ''}  "
+                  f"[{p['reason']}: {p['arrivals']} arrivals in {p['period'] / s:.2f} s; current {cur}]")  # fmt: skip
     return 0
 
 

@@ -180,7 +180,6 @@ def test_control_loop_bins_arrivals_by_their_own_times_from_the_period_start():
     peak reading differed from the simulator's). Now both bin each arrival's own time, from the
     period's start (argusdiff.predictors.arrival_bins)."""
     import numpy as np
-
     from fixtures_service import service_settings
 
     from argusdiff.service.app import Service

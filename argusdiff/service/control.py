@@ -260,15 +260,22 @@ class ControlLoop:
 
     # -- the loop --------------------------------------------------------------------------
 
-    async def tick(self, full: bool = True) -> Plan | None:
+    async def tick(self, full: bool = True, due: float | None = None) -> Plan | None:
         """One control tick. ``full``: closes a control period (its arrivals feed the predictors);
-        else an early re-plan on the last full period's rate, the current period keeps counting."""
+        else an early re-plan on the last full period's rate, the current period keeps counting.
+        ``due``: when the tick was scheduled (monotonic clock); a tick that runs late still ends
+        its period at that time, so every period has its nominal length and the predictor's bins
+        keep their alignment (the few arrivals of the delay count in its last bin)."""
         now: float | None = None
         times: list[float] | None = None
         if full:
             # the period ends now: its counts and its arrivals' times, taken together on the event
             # loop (the only writer), so that they describe the same arrivals
             now = self.clock()
+            if due is not None:
+                late = time.monotonic() - due
+                if 0.0 < late < self.period_s:
+                    now -= late
             period = self.router.take_period_stats()
             take = getattr(self.router, "take_arrival_times", None)
             times = take() if take is not None else None
@@ -330,7 +337,7 @@ class ControlLoop:
                 await asyncio.wait_for(self._wake.wait(), timeout)
             if time.monotonic() >= self._next_tick:
                 self._wake.clear()
-                await self.tick()
+                await self.tick(due=self._next_tick)
                 self._next_tick = self.next_period(self._next_tick, time.monotonic())
             elif self._wake.is_set() or await self._membership_changed():
                 self._wake.clear()

@@ -457,8 +457,8 @@ class ClusterControlLoop(ControlLoop):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), wait)
 
-    async def tick(self, full: bool = True) -> Plan | None:
-        plan = await super().tick(full)
+    async def tick(self, full: bool = True, due: float | None = None) -> Plan | None:
+        plan = await super().tick(full, due)
         if full and plan is not None:
             self.full_ticks += 1
         if plan is None and self.lease is not None and self.lease.token is None and self.role == "leader":
