@@ -254,9 +254,11 @@ MAX_ARRIVAL_BIN_S = 1.0
 
 
 def bin_length_s(spec: PredictorSpec) -> float:
-    """The bin the control path counts a period's arrivals in for ``spec``: 1 s, or the reading's
-    own bin when shorter (a reading of 0.1 s rates needs 0.1 s counts)."""
-    return min(MAX_ARRIVAL_BIN_S, spec.bin_s)
+    """The bin the control path counts a period's arrivals in for ``spec``: the longest whole
+    fraction of the reading's bin that is at most 1 s (1 s for 10 s or 60 s bins, 0.833 s for
+    2.5 s bins, the reading's own bin when shorter than 1 s), so that the reading's bins are made
+    of whole counting bins."""
+    return spec.bin_s / max(1, math.ceil(spec.bin_s / MAX_ARRIVAL_BIN_S - 1e-9))
 
 
 def arrival_bins(

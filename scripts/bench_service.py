@@ -176,6 +176,14 @@ async def _live_replay(service, arrivals, prompts, warm, policy, plans=None) -> 
 
         if not await asyncio.to_thread(wait_until, adopted, 30):
             raise SystemExit("the live workers did not adopt the first plan")
+        # ... with the plan's preloaded models resident too (the simulator's warm start loads them),
+        # each worker having served each of them once before the trace
+        for w in service.workers:
+            pre = [lv for lv in plan.preload.get(w.worker_id, ()) if lv != plan.assignment.get(w.worker_id)]
+            for lv in [*pre, plan.assignment.get(w.worker_id)] if pre else ():
+                w.worker.set_level(lv)
+                if not await asyncio.to_thread(wait_until, lambda w=w, lv=lv: w.worker.level == lv, 30):
+                    raise SystemExit(f"worker {w.worker_id} did not load {lv} before the trace")
         out: list[tuple[float, str | None, bool]] = [(0.0, None, False)] * len(arrivals)
 
         async def one(i: int) -> None:
@@ -189,7 +197,7 @@ async def _live_replay(service, arrivals, prompts, warm, policy, plans=None) -> 
             res = (await router.wait(sub, 600))[0]
             lat = time.time() - t0
             if not res.ok:  # dropped by the policy after a cascade deferral
-                out[i] = (float("inf"), None, False)
+                out[i] = (-1.0, None, False)
                 return
             out[i] = (lat, res.level, lat <= sub.deadline_s - sub.arrival_s)
 
@@ -300,6 +308,11 @@ def fidelity(args) -> int:
           f"simulated cache prefill {args.cache_prefill:g}; admission {admission.describe()}")  # fmt: skip
     dropped = sum(1 for lat, lv, _ in live if lv is None)
     print(f"{'refused or dropped':<22}{sim.get('dropped', 0) / max(1, n):>10.3f}{dropped / max(1, n):>10.3f}")
+    after = int(np.sum(sim_res.deferred & (sim_res.status == 2)))  # dropped after the light stage
+    live_after = sum(1 for lat, lv, _ in live if lv is None and lat < 0)
+    print(f"{'  of which on arrival':<22}{(sim.get('dropped', 0) - after) / max(1, n):>10.3f}"
+          f"{(dropped - live_after) / max(1, n):>10.3f}")  # fmt: skip
+    print(f"{'  after the light stage':<22}{after / max(1, n):>10.3f}{live_after / max(1, n):>10.3f}")
     print(f"{'':<22}{'simulator':>10}{'live':>10}{'diff (pp)':>11}")
     print(f"{'SLO violation ratio':<22}{sim['slo_violation_ratio']:>10.3f}{live_viol:>10.3f}"
           f"{100 * (live_viol - sim['slo_violation_ratio']):>11.1f}")  # fmt: skip
