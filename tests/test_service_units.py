@@ -219,6 +219,8 @@ def test_control_loop_bins_arrivals_by_their_own_times_from_the_period_start():
 
 
 def test_control_loop_keeps_its_cadence_however_long_a_tick_takes():
+    import time
+
     from fixtures_service import service_settings
 
     from argusdiff.service.app import Service
@@ -228,6 +230,9 @@ def test_control_loop_keeps_its_cadence_however_long_a_tick_takes():
     p = control.period_s
     assert control.next_period(100.0, 100.0 + 0.3 * p) == 100.0 + p  # a slow tick does not shift it
     assert control.next_period(100.0, 100.0 + 2.5 * p) == 100.0 + 3 * p  # missed periods are skipped
+    control.clock = lambda: 5_000.0
+    control.restart_period()  # a period starts now: the arrivals before it belong to the last one
+    assert control.last_tick == 5_000.0 and 0.0 < control._next_tick - time.monotonic() <= p
 
 
 def test_control_loop_moves_unserved_work_but_leaves_ac_siblings_to_their_model_workers():
