@@ -37,6 +37,8 @@ __all__ = [
     "DemandPredictor",
     "EwmaDemand",
     "PredictorSpec",
+    "arrival_bins",
+    "bin_length_s",
     "predictor_spec",
 ]
 
@@ -246,6 +248,41 @@ def predictor_spec(value: PredictorSpec | str | Mapping[str, Any] | None) -> Pre
     return replace(base, **changes) if changes else base
 
 
+#: the longest sub-period bin the control path counts arrivals in (a reading's own bins, when
+#: shorter, are used instead: :func:`bin_length_s`)
+MAX_ARRIVAL_BIN_S = 1.0
+
+
+def bin_length_s(spec: PredictorSpec) -> float:
+    """The bin the control path counts a period's arrivals in for ``spec``: the longest whole
+    fraction of the reading's bin that is at most 1 s (1 s for 10 s or 60 s bins, 0.833 s for
+    2.5 s bins, the reading's own bin when shorter than 1 s), so that the reading's bins are made
+    of whole counting bins."""
+    return spec.bin_s / max(1, math.ceil(spec.bin_s / MAX_ARRIVAL_BIN_S - 1e-9))
+
+
+def arrival_bins(
+    times: Iterable[float], start_s: float, span_s: float, bin_s: float = MAX_ARRIVAL_BIN_S
+) -> tuple[tuple[int, ...], float]:
+    """The arrival times of the period ``[start_s, start_s + span_s)`` counted in consecutive
+    bins aligned to the period's start (oldest first), and the bin length: ``round(span / bin_s)``
+    bins of equal length. A time before the start counts in the first bin and one at or after
+    the end in the last, so the bins always sum to the period's arrivals. The simulator and the
+    live control loop both bin with this function, by each arrival's own time."""
+    if not (math.isfinite(span_s) and span_s > 0):
+        raise ConfigError(f"span_s: must be > 0, got {span_s}")
+    if not (math.isfinite(bin_s) and bin_s > 0):
+        raise ConfigError(f"bin_s: must be > 0, got {bin_s}")
+    nb = max(1, round(span_s / bin_s))
+    scale = nb / span_s
+    last = nb - 1
+    bins = [0] * nb
+    for t in times:
+        k = math.floor((t - start_s) * scale)
+        bins[0 if k < 0 else last if k > last else k] += 1
+    return tuple(bins), span_s / nb
+
+
 class DemandPredictor:
     """The demand W_t (QPM) a policy plans for, from the arrivals observed so far.
 
@@ -308,8 +345,14 @@ class DemandPredictor:
             and bin_s <= self.spec.bin_s * 1.01  # live bins are the period split evenly: ~1 s, not exactly
             and abs(len(bins) * bin_s - period_s) < 1e-6 * period_s + 1e-9
         ):
+            # a live period is a few microseconds off its nominal length, so are its bins: a bin
+            # within 1 % of a whole fraction of the reading's bin counts as exactly that fraction
+            # (else a 0.9999999 s bin leaves the 1 s bin open and the next bin's arrivals join it)
+            k = max(1, round(self.spec.bin_s / bin_s))
+            exact = self.spec.bin_s / k
+            step = exact if abs(bin_s - exact) <= 0.01 * exact else bin_s
             for c in bins:
-                self._add(float(c), bin_s)
+                self._add(float(c), step)
         else:
             self._add(float(arrivals), float(period_s))
         return self.predicted

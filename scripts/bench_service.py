@@ -12,9 +12,14 @@ so queues drain; the timed path never waits for an image.
 
 ``--fidelity`` replays one trace through the simulator and through the live service (router,
 control loop, embedded queues) whose stand-in workers sleep the same profiled latencies, with
-time compressed by ``--time-scale`` (arrivals, latencies, SLO and control period all scaled), and
-compares the SLO violation ratio and the level mix. Both use the same policy and the same oracle
-classifier predictions (SYNTHETIC quality table, as ``argusdiff replay`` without a table).
+time compressed by ``--time-scale`` (arrivals, latencies, load times, SLO, control period, demand
+bins and window all scaled; default 0.5), and compares the SLO violation ratio and the level mix.
+Both use the same policy (the live one fresh, with the simulator's options time-scaled), the same
+admission and the same oracle classifier predictions (SYNTHETIC quality table, as ``argusdiff
+replay`` without a table), and both start warm: the first plan sees the first period's arrivals,
+the live cluster is idle before it (as the simulated one) and then at its levels with the plan's
+preloaded models loaded, and the trace starts a control period. ``--plans`` prints both sides'
+plans.
 """
 
 from __future__ import annotations
@@ -113,7 +118,9 @@ class _OracleAdapter:
         return fut
 
 
-async def _live_replay(service, arrivals, prompts, warm) -> list[tuple[float, str | None, bool]]:
+async def _live_replay(service, arrivals, prompts, warm, policy, plans=None) -> list[tuple[float, str | None, bool]]:
+    import dataclasses
+
     from argusdiff.service.errors import ApiError
     from argusdiff.service.schemas import GenerationSpec
     from argusdiff.service.worker import wait_until
@@ -123,23 +130,65 @@ async def _live_replay(service, arrivals, prompts, warm) -> list[tuple[float, st
         await asyncio.to_thread(
             wait_until, lambda: service.ready() and len(service.control.alive) == len(service.workers), 30
         )
-        router = service.router
+        router, control = service.router, service.control
+        control.restart_period()  # no full tick of the loop's own until the trace starts
+        # the simulator's cluster before the trace: workers at no level, and a policy that has seen
+        # no plan (the service's start-up plans were made for 0 QPM)
+        ids = [w.worker_id for w in service.workers]
+        control._version += 1  # the next plan's version follows this one's
+        service.store.publish_plan(
+            dataclasses.replace(control.plan, assignment={w: None for w in ids}, version=control._version)
+        )
+
+        def idle() -> bool:
+            alive, _ = service.store.heartbeats()
+            return len(alive) == len(ids) and all(info.get("level") is None for info in alive.values())
+
+        if not await asyncio.to_thread(wait_until, idle, 30):
+            raise SystemExit("the live workers did not go idle before the trace")
+        service.policy = router.policy = control.policy = policy
+        wall0 = time.time()  # the warm plan at 0; re-set when the trace starts
+        if plans is not None:  # record each live plan and what it saw, at its trace time (--plans)
+            plan_fn = policy.plan
+
+            def recording(stats):
+                p = plan_fn(stats)
+                plans.append(
+                    {
+                        "t": stats.now_s - wall0,
+                        "qpm": p.predicted_qpm,
+                        "assignment": dict(p.assignment),
+                        "thresholds": dict(p.thresholds),
+                        "current": dict(stats.current),
+                        "arrivals": stats.arrivals,
+                        "period": stats.period_s,
+                        "reason": stats.reason,
+                    }
+                )
+                return p
+
+            policy.plan = recording
         # warm start, as the simulator: the cluster was running before the trace, so the first plan
-        # sees the first period's arrivals and optimal levels, and workers are at their levels
+        # sees the first period's arrivals (at their times) and optimal levels
+        now = time.time()
         router.arrivals, router.affinity = warm[0], warm[1]
-        # ... in 1 s bins too (the simulator's first plan sees the first period's bins)
-        start = time.time() - service.control.period_s
-        for t in warm[2]:
-            router.arrival_seconds[int(start + t)] += 1
-        if service.policy.demand is not None:  # forget the start-up plan's 0-QPM observation
-            service.policy.demand = service.policy.new_demand_predictor()
-        service.control.last_tick = time.time() - service.control.period_s  # one full period
-        plan = await service.control.tick()
+        router.arrival_times.extend(now - control.period_s + t for t in warm[2])
+        control.last_tick = now - control.period_s  # one full period
+        plan = await control.tick()
 
         def adopted() -> bool:
             return all(w.worker.level == plan.assignment.get(w.worker_id) for w in service.workers)
 
-        await asyncio.to_thread(wait_until, adopted, 30)
+        if not await asyncio.to_thread(wait_until, adopted, 30):
+            raise SystemExit("the live workers did not adopt the first plan")
+        # ... with the plan's preloaded models resident too (the simulator's warm start loads them),
+        # each worker having served each of them once before the trace
+        for w in service.workers:
+            pre = [lv for lv in plan.preload.get(w.worker_id, ()) if lv != plan.assignment.get(w.worker_id)]
+            for lv in [*pre, plan.assignment.get(w.worker_id)] if pre else ():
+                w.worker.set_level(lv)
+                if not await asyncio.to_thread(wait_until, lambda w=w, lv=lv: w.worker.level == lv, 30):
+                    raise SystemExit(f"worker {w.worker_id} did not load {lv} before the trace")
         out: list[tuple[float, str | None, bool]] = [(0.0, None, False)] * len(arrivals)
 
         async def one(i: int) -> None:
@@ -153,11 +202,13 @@ async def _live_replay(service, arrivals, prompts, warm) -> list[tuple[float, st
             res = (await router.wait(sub, 600))[0]
             lat = time.time() - t0
             if not res.ok:  # dropped by the policy after a cascade deferral
-                out[i] = (float("inf"), None, False)
+                out[i] = (-1.0, None, False)
                 return
             out[i] = (lat, res.level, lat <= sub.deadline_s - sub.arrival_s)
 
         start = time.monotonic()
+        control.restart_period()  # the trace starts a control period, as in the simulator
+        wall0 = time.time()
         tasks = []
         for i, t in enumerate(arrivals):
             delay = start + t - time.monotonic()
@@ -186,15 +237,19 @@ def fidelity(args) -> int:
     profile = load_profile(args.fid_profile)
     wl = quick_workload(args.trace, [profile], n_prompts=300, seed=0)
     period = args.period
-    sim_policy = make_policy(
-        args.policy, profile, rng=np.random.default_rng(0), config={"period_s": period, "backend": "highs"}
-    )
+    sim_options = {"period_s": period, "backend": "highs"}
+    sim_policy = make_policy(args.policy, profile, rng=np.random.default_rng(0), config=sim_options)
     # the same admission after the policy in both (the service's default; the live run's times are
     # all scaled by --time-scale, so its decisions match the simulator's)
     admission = Settings(admission={"enabled": not args.no_admission}).admission.mechanism()
-    # stand-in workers never miss the cache: the simulator starts with every prompt cached
-    sim_cfg = SimConfig(gpus=args.gpus, period_s=period, seed=0, cache_prefill=args.cache_prefill, admission=admission)
-    sim = summarize(simulate(sim_policy, wl, sim_cfg))
+    # stand-in workers never miss the cache and look nothing up: the simulator starts with every
+    # prompt cached, and its lookups cost nothing
+    sim_cfg = SimConfig(
+        gpus=args.gpus, period_s=period, seed=0, cache_prefill=args.cache_prefill, cache_latency_s=0.0,
+        admission=admission,
+    )  # fmt: skip
+    sim_res = simulate(sim_policy, wl, sim_cfg)
+    sim = summarize(sim_res)
 
     s = args.time_scale
     scaled = profile.time_scaled(s)
@@ -202,6 +257,17 @@ def fidelity(args) -> int:
     prompts = [wl.prompts[r] for r in rows]
     optimal = wl.optimal[profile.ids]
     oracle = _OracleAdapter({wl.prompts[r]: profile.ids[int(optimal[r])] for r in set(rows.tolist())})
+    # the simulator's policy options with every time scaled (SLO, period, demand bins and window,
+    # DiffServe's re-allocation period): the live policy differs from the simulator's in nothing else
+    spec = sim_policy.predictor_spec
+    live_options = {
+        **sim_options,
+        "slo_s": scaled.default_slo_s(),
+        "period_s": period * s,
+        "predictor": dataclasses.replace(spec, bin_s=spec.bin_s * s, window_s=spec.window_s * s),
+    }
+    if hasattr(sim_policy.options, "allocation_period_s"):
+        live_options["allocation_period_s"] = sim_policy.allocation_period_s * s
     settings = Settings.model_validate(
         {
             "profile": args.fid_profile,
@@ -219,9 +285,7 @@ def fidelity(args) -> int:
         }
     )
     service = Service(settings, profile=scaled, classifier=oracle)
-    # the demand predictor reads rates over bins and windows in seconds: compress them as well
-    spec = sim_policy.predictor_spec
-    service.policy.predictor_spec = dataclasses.replace(spec, bin_s=spec.bin_s * s, window_s=spec.window_s * s)
+    live_policy = make_policy(args.policy, scaled, rng=np.random.default_rng(0), classifier=oracle, config=live_options)
     if profile.cascade is not None and wl.confidence is not None:
         # the stand-in light workers judge with the simulator's per-prompt confidences
         conf = {wl.prompts[r]: float(wl.confidence[r]) for r in set(rows.tolist())}
@@ -234,7 +298,8 @@ def fidelity(args) -> int:
         Counter(profile.ids[int(optimal[r])] for r in rows[first]),
         tuple(float(t) * s for t in wl.arrivals_s[first]),  # when, within the compressed period
     )
-    live = asyncio.run(_live_replay(service, wl.arrivals_s * s, prompts, warm))
+    live_plans: list[dict] | None = [] if args.plans else None
+    live = asyncio.run(_live_replay(service, wl.arrivals_s * s, prompts, warm, live_policy, live_plans))
     n = len(live)
     ok = sum(1 for _, _, met in live if met)
     mix: dict[str, int] = {}
@@ -248,13 +313,37 @@ def fidelity(args) -> int:
           f"simulated cache prefill {args.cache_prefill:g}; admission {admission.describe()}")  # fmt: skip
     dropped = sum(1 for lat, lv, _ in live if lv is None)
     print(f"{'refused or dropped':<22}{sim.get('dropped', 0) / max(1, n):>10.3f}{dropped / max(1, n):>10.3f}")
+    after = int(np.sum(sim_res.deferred & (sim_res.status == 2)))  # dropped after the light stage
+    live_after = sum(1 for lat, lv, _ in live if lv is None and lat < 0)
+    print(f"{'  of which on arrival':<22}{(sim.get('dropped', 0) - after) / max(1, n):>10.3f}"
+          f"{(dropped - live_after) / max(1, n):>10.3f}")  # fmt: skip
+    print(f"{'  after the light stage':<22}{after / max(1, n):>10.3f}{live_after / max(1, n):>10.3f}")
     print(f"{'':<22}{'simulator':>10}{'live':>10}{'diff (pp)':>11}")
     print(f"{'SLO violation ratio':<22}{sim['slo_violation_ratio']:>10.3f}{live_viol:>10.3f}"
           f"{100 * (live_viol - sim['slo_violation_ratio']):>11.1f}")  # fmt: skip
+    # latency of the requests both serve, in trace seconds (the live one divided by the time scale)
+    both = [(f - a, lat / s) for f, a, (lat, lv, _) in zip(sim_res.finish_s, wl.arrivals_s, live, strict=True)
+            if np.isfinite(f) and lv is not None]  # fmt: skip
+    if both:
+        sl, ll = np.array(both).T
+        print(f"{'latency p50 (s)':<22}{np.median(sl):>10.2f}{np.median(ll):>10.2f}{'':>11}")
+        print(f"{'latency p99 (s)':<22}{np.quantile(sl, 0.99):>10.2f}{np.quantile(ll, 0.99):>10.2f}{'':>11}")
     for lv in profile.ids:
         a = sim["level_mix"].get(lv, 0.0)
         b = mix.get(lv, 0) / served
         print(f"{'mix ' + lv:<22}{a:>10.3f}{b:>10.3f}{100 * (b - a):>11.1f}")
+    if live_plans is not None:
+        print("plans (trace time s, predicted QPM, workers per level[, thresholds]; live: what it saw)")
+        for p in sim_res.plans:
+            counts = {k: v for k, v in p["counts"].items() if v}
+            th = {k: round(v, 3) for k, v in p["thresholds"].items()}
+            print(f"  {'simulator':<10}{p['t']:>8.1f}{p['predicted_qpm']:>8.1f}  {counts} {th or ''}")
+        for p in live_plans:
+            counts = dict(Counter(v for v in p["assignment"].values() if v))
+            th = {k: round(v, 3) for k, v in p["thresholds"].items()}
+            cur = dict(Counter(v for v in p["current"].values()))
+            print(f"  {'live':<10}{p['t'] / s:>8.1f}{p['qpm'] * s:>8.1f}  {counts} {th or ''}  "
+                  f"[{p['reason']}: {p['arrivals']} arrivals in {p['period'] / s:.2f} s; current {cur}]")  # fmt: skip
     return 0
 
 
@@ -272,13 +361,21 @@ def main() -> int:
     ap.add_argument("--trace", default="bursty:low=60,high=240,duration=10m", help="trace of the fidelity run")
     ap.add_argument("--gpus", type=int, default=4, help="workers of the fidelity run")
     ap.add_argument("--period", type=float, default=60.0, help="control period of the fidelity run (s)")
-    ap.add_argument("--time-scale", type=float, default=0.1, help="live time compression of the fidelity run")
+    ap.add_argument(
+        "--time-scale",
+        type=float,
+        default=0.5,
+        # docs/benchmarks.md ("One decision path: worker choice and fidelity"): at 0.1 the stand-ins'
+        # per-batch overhead on 2 shared cores is a large part of a cascade's 10 ms light batches
+        help="live time compression of the fidelity run (0.5: the live run takes half the trace's time)",
+    )
     ap.add_argument(
         "--cache-prefill",
         type=float,
         default=1.0,
         help="share of prompts cached before the simulated run (stand-in workers always hit: 1)",
     )
+    ap.add_argument("--plans", action="store_true", help="fidelity run: print both sides' plans")
     ap.add_argument("--no-admission", action="store_true", help="fidelity run without admission (both sides)")
     args = ap.parse_args()
     if args.fidelity:

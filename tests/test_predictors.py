@@ -208,3 +208,29 @@ def test_predictor_specs_and_errors():
     assert PredictorConfig().demand == DEFAULT_PREDICTOR
     with pytest.raises(ValueError, match="unknown reading"):
         PredictorConfig(demand="median")
+
+
+def test_bins_a_hair_off_their_length_stay_separate_bins():
+    """Regression: a live period is a few microseconds off its nominal length and so are its
+    1 s bins; a bin of 0.9999999 s left the predictor's 1 s bin open, so the next bin's arrivals
+    joined it and the peak reading averaged two bins (15 and 8 arrivals read as 11.5)."""
+    from argusdiff.predictors import DemandPredictor, PredictorSpec
+
+    for bin_s in (0.9999999, 1.0, 1.0000001):
+        p = DemandPredictor(PredictorSpec(kind="peak", bin_s=1.0, window_s=6.0))
+        p.observe(23, 2 * bin_s, bins=(15, 8), bin_s=bin_s)
+        assert p.estimate == 15 * 60.0
+        # sub-bins of a 10 s bin: ten of them close it, not eleven
+        p = DemandPredictor(PredictorSpec(kind="peak", bin_s=10.0, window_s=60.0))
+        p.observe(20, 20 * bin_s, bins=(1,) * 10 + (0,) * 9 + (1,), bin_s=bin_s)
+        assert p.estimate == 10 * 6.0 and p.state()["bins"] == [60.0, 6.0]
+
+
+def test_counting_bins_are_whole_fractions_of_the_readings_bin():
+    """Regression: 1 s counting bins for a reading of 2.5 s bins closed each reading bin after
+    3 s, so the reading drifted off the arrivals (a time-compressed replay read 220 QPM for 228)."""
+    from argusdiff.predictors import PredictorSpec, bin_length_s
+
+    for bin_s, want in ((10.0, 1.0), (60.0, 1.0), (1.0, 1.0), (0.1, 0.1), (2.5, 2.5 / 3), (1.5, 0.75)):
+        got = bin_length_s(PredictorSpec(kind="peak", bin_s=bin_s, window_s=6 * bin_s))
+        assert abs(got - want) < 1e-12 and got <= 1.0 and abs(bin_s / got - round(bin_s / got)) < 1e-9

@@ -162,17 +162,77 @@ def test_control_loop_hands_the_demand_predictor_per_second_arrival_bins():
         control.last_tick = now - 60.0
         # a 10 s burst of 5 requests per second in an otherwise quiet minute
         for sec in range(int(now) - 15, int(now) - 5):
-            router.arrival_seconds[sec] += 5
-        router.arrivals = 50
+            router._arrived(float(sec) + 0.5, 5)
         await control.tick()
         demand = service.policy.demand
         assert demand.observations == 1
         # the peak reading sees the burst's rate, not the minute's mean of 50 QPM
         assert demand.estimate >= 150.0 - 1e-6
-        assert not router.arrival_seconds  # taken
+        assert not router.arrival_times and router.arrivals == 0  # taken
         await service.dispatch.close()
 
     asyncio.run(scenario())
+
+
+def test_control_loop_bins_arrivals_by_their_own_times_from_the_period_start():
+    """Regression: the live loop counted arrivals per wall-clock second, so with a period that does
+    not start on a whole second a burst late in one predictor bin landed in the next one (and the
+    peak reading differed from the simulator's). Now both bin each arrival's own time, from the
+    period's start (argusdiff.predictors.arrival_bins)."""
+    import numpy as np
+    from fixtures_service import service_settings
+
+    from argusdiff.service.app import Service
+    from argusdiff.simulator import SimConfig, Simulator, quick_workload
+
+    async def scenario():
+        service = Service(service_settings(workers=0, policy="argus"))
+        await service.dispatch.start()
+        store, control, router = service.store, service.control, service.router
+        store.beat("w1", {"level": None}, ttl_s=60)
+        start = 1_000_000.3  # the period starts 0.3 s into a wall-clock second
+        control.clock = lambda: start + 60.0
+        control.last_tick = start
+        seen = []
+        plan = service.policy.plan
+        service.policy.plan = lambda stats: seen.append(stats) or plan(stats)
+        # 20 arrivals 9.50-9.88 s into the period (the first 10 s bin), 3 more at 30.2 s
+        times = [start + 9.5 + 0.02 * k for k in range(20)] + [start + 30.2] * 3
+        for t in times:
+            router._arrived(t, 1)
+        await control.tick()
+        (stats,) = seen
+        assert stats.arrivals == 23 and len(stats.arrival_bins) == 60 and stats.bin_s == 1.0
+        assert stats.arrival_bins[9] == 20 and stats.arrival_bins[30] == 3 and sum(stats.arrival_bins) == 23
+        # the peak of 10 s rates: 20 arrivals in the first 10 s = 120 QPM (counted per wall-clock
+        # second, the 10 after 1_000_010.0 fell into the second 10 s bin: 60 QPM)
+        assert service.policy.demand.estimate == 120.0
+        await service.dispatch.close()
+        # the simulator bins the same times the same way
+        wl = quick_workload("poisson:qpm=60,duration=2m", [service.profile], n_prompts=50)
+        sim = Simulator(service.policy, wl, SimConfig(gpus=1))
+        sim.run()
+        got = sim._stats(start + 60.0, 60.0, 23, np.zeros(0, dtype=np.int64), np.array(times))
+        assert got.arrival_bins == stats.arrival_bins and got.bin_s == stats.bin_s
+
+    asyncio.run(scenario())
+
+
+def test_control_loop_keeps_its_cadence_however_long_a_tick_takes():
+    import time
+
+    from fixtures_service import service_settings
+
+    from argusdiff.service.app import Service
+
+    service = Service(service_settings(workers=0, policy="argus"))
+    control = service.control
+    p = control.period_s
+    assert control.next_period(100.0, 100.0 + 0.3 * p) == 100.0 + p  # a slow tick does not shift it
+    assert control.next_period(100.0, 100.0 + 2.5 * p) == 100.0 + 3 * p  # missed periods are skipped
+    control.clock = lambda: 5_000.0
+    control.restart_period()  # a period starts now: the arrivals before it belong to the last one
+    assert control.last_tick == 5_000.0 and 0.0 < control._next_tick - time.monotonic() <= p
 
 
 def test_control_loop_moves_unserved_work_but_leaves_ac_siblings_to_their_model_workers():

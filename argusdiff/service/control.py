@@ -79,6 +79,7 @@ class ControlLoop:
         self._version = 0
         self._task: asyncio.Task | None = None
         self._wake = asyncio.Event()
+        self._next_tick = 0.0  # when the next full tick is due (monotonic clock)
 
     # -- one period ------------------------------------------------------------------------
 
@@ -131,23 +132,33 @@ class ControlLoop:
             for _ in range(self.probe_burst):
                 health.record(0.0)
 
-    def step(self, period: tuple[int, Counter[str], Counter[str]], elapsed_s: float | None = None) -> Plan:
+    def step(
+        self,
+        period: tuple[int, Counter[str], Counter[str]],
+        elapsed_s: float | None = None,
+        *,
+        now_s: float | None = None,
+        arrival_times: list[float] | None = None,
+    ) -> Plan:
         """The synchronous part of a tick (runs in a thread: Redis calls, the solver).
 
         ``elapsed_s`` given: an early re-plan (a worker joined or died) that repeats the last full
-        period's arrival rate instead of measuring a partial period."""
+        period's arrival rate instead of measuring a partial period. Else the period ends at
+        ``now_s`` (the tick's time, default now) and ``arrival_times``, the period's arrivals'
+        own times, are binned for the demand predictor as the simulator bins them
+        (:func:`argusdiff.predictors.arrival_bins`)."""
         arrivals, affinity, level_arrivals = period
-        now = self.clock()
+        now = self.clock() if now_s is None else now_s
         bins: tuple[int, ...] = ()
         bin_s = 0.0
         if elapsed_s is None:
             elapsed = max(1e-3, now - self.last_tick)
+            start = now - elapsed
             self.last_tick = now
-            take = getattr(self.router, "take_arrival_bins", None)
-            if take is not None:
-                bins, bin_s = take(now - elapsed, now)
-                if sum(bins) != arrivals:  # counted across the tick boundary: the total decides
-                    bins, bin_s = (), 0.0
+            if arrival_times is not None and len(arrival_times) == arrivals:  # else the total decides
+                from argusdiff.predictors import arrival_bins, bin_length_s
+
+                bins, bin_s = arrival_bins(arrival_times, start, elapsed, bin_length_s(self.policy.predictor_spec))
         else:
             elapsed = elapsed_s
         alive, dead = self.store.heartbeats()
@@ -249,23 +260,39 @@ class ControlLoop:
 
     # -- the loop --------------------------------------------------------------------------
 
-    async def tick(self, full: bool = True) -> Plan | None:
+    async def tick(self, full: bool = True, due: float | None = None) -> Plan | None:
         """One control tick. ``full``: closes a control period (its arrivals feed the predictors);
-        else an early re-plan on the last full period's rate, the current period keeps counting."""
+        else an early re-plan on the last full period's rate, the current period keeps counting.
+        ``due``: when the tick was scheduled (monotonic clock); a tick that runs late still ends
+        its period at that time, so every period has its nominal length and the predictor's bins
+        keep their alignment (the few arrivals of the delay count in its last bin)."""
+        now: float | None = None
+        times: list[float] | None = None
         if full:
+            # the period ends now: its counts and its arrivals' times, taken together on the event
+            # loop (the only writer), so that they describe the same arrivals
+            now = self.clock()
+            if due is not None:
+                late = time.monotonic() - due
+                if 0.0 < late < self.period_s:
+                    now -= late
             period = self.router.take_period_stats()
+            take = getattr(self.router, "take_arrival_times", None)
+            times = take() if take is not None else None
             elapsed = None
         else:
             arrivals, elapsed = self._last_full
             period = (arrivals, Counter(), Counter())
         try:
-            plan = await asyncio.to_thread(self.step, period, elapsed)
+            plan = await asyncio.to_thread(self.step, period, elapsed, now_s=now, arrival_times=times)
         except Exception as exc:
             # keep the previous plan; give the arrivals back so demand is not under-counted
             if full:
                 self.router.arrivals += period[0]
                 self.router.affinity.update(period[1])
                 self.router.level_arrivals.update(period[2])
+                if times:
+                    self.router.arrival_times.extendleft(reversed(times))
             self.last_error = f"{type(exc).__name__}: {exc}"
             log.warning("control tick failed: %s", self.last_error)
             return None
@@ -284,18 +311,34 @@ class ControlLoop:
             return False
         return set(alive) != set(self.alive) or bool(dead)
 
+    def next_period(self, due: float, now: float) -> float:
+        """The next full tick after one due at ``due`` ran (monotonic clock): one period later, so
+        the periods keep their length however long the tick took (the predictor's bins stay aligned
+        to them); periods missed meanwhile are skipped."""
+        due += self.period_s
+        if due <= now:
+            due += self.period_s * (1 + int((now - due) // self.period_s))
+        return due
+
+    def restart_period(self) -> None:
+        """Start a control period now: the next full tick is one period from now, and the cadence
+        continues from there (e.g. to line the periods up with a replayed trace)."""
+        self.last_tick = self.clock()
+        self._next_tick = time.monotonic() + self.period_s
+
     async def run(self) -> None:
         await asyncio.to_thread(self.adopt_published)
+        self._next_tick = time.monotonic()
         await self.tick()
-        next_tick = time.monotonic() + self.period_s
+        self._next_tick = self.next_period(self._next_tick, time.monotonic())
         while True:
-            timeout = max(0.0, min(self.heartbeat_s, next_tick - time.monotonic()))
+            timeout = max(0.0, min(self.heartbeat_s, self._next_tick - time.monotonic()))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)
-            if time.monotonic() >= next_tick:
+            if time.monotonic() >= self._next_tick:
                 self._wake.clear()
-                await self.tick()
-                next_tick = time.monotonic() + self.period_s
+                await self.tick(due=self._next_tick)
+                self._next_tick = self.next_period(self._next_tick, time.monotonic())
             elif self._wake.is_set() or await self._membership_changed():
                 self._wake.clear()
                 await self.tick(full=False)

@@ -302,14 +302,15 @@ class ClusterControlLoop(ControlLoop):
                     self.requeued += moved
                     log.warning("re-queued %d items of %s taken by dead router %s", moved, lv, rid)
 
-    def step(self, period: Any, elapsed_s: float | None = None) -> Plan:
+    def step(self, period: Any, elapsed_s: float | None = None, **kwargs: Any) -> Plan:
         if self.bus is None or elapsed_s is not None:
-            return super().step(period, elapsed_s)
+            return super().step(period, elapsed_s, **kwargs)
         # a full period: this router's counts join the cluster's, and the leader takes them all
+        # (its own arrivals' times bin them only when they are all of them)
         local = period
         drained = self.bus.flush_and_drain(local)
         try:
-            plan = super().step(drained, None)
+            plan = super().step(drained, None, **kwargs)
             self.cluster_arrivals += drained[0]
             return plan
         except Exception:
@@ -424,7 +425,7 @@ class ClusterControlLoop(ControlLoop):
                     if time.monotonic() >= next_tick:
                         self._wake.clear()
                         await self.tick()
-                        next_tick = time.monotonic() + self.period_s
+                        next_tick = self.next_period(next_tick, time.monotonic())
                     elif self._wake.is_set() or (
                         now - self._membership_checked >= self.heartbeat_s and await self._membership_changed()
                     ):
@@ -457,8 +458,8 @@ class ClusterControlLoop(ControlLoop):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), wait)
 
-    async def tick(self, full: bool = True) -> Plan | None:
-        plan = await super().tick(full)
+    async def tick(self, full: bool = True, due: float | None = None) -> Plan | None:
+        plan = await super().tick(full, due)
         if full and plan is not None:
             self.full_ticks += 1
         if plan is None and self.lease is not None and self.lease.token is None and self.role == "leader":

@@ -18,7 +18,7 @@ import logging
 import math
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -130,7 +130,11 @@ class Router:
         self.arrivals = 0
         self.affinity: Counter[str] = Counter()
         self.level_arrivals: Counter[str] = Counter()
-        self.arrival_seconds: Counter[int] = Counter()  # arrivals per wall-clock second (demand bins)
+        # each arrival's own time (wall clock), for the demand predictor's bins; the control loop
+        # takes a period's at each tick; untaken ones (no loop takes them, e.g. a follower) are kept
+        # for three periods, at least five minutes
+        self.arrival_times: deque[float] = deque()
+        self._arrival_horizon_s = max(300.0, 3.0 * float(getattr(config, "control_period_s", 60.0) or 60.0))
         self.accepted = 0
         self.completed = 0
         self._levels: dict[str, ApproxLevel] = level_catalogue(profile, fallback)
@@ -159,20 +163,23 @@ class Router:
         self.arrivals, self.affinity, self.level_arrivals = 0, Counter(), Counter()
         return out
 
-    def take_arrival_bins(self, start_s: float, end_s: float) -> tuple[tuple[int, ...], float]:
-        """Arrivals of ``[start_s, end_s)`` in consecutive bins of about 1 s (oldest first) and the
-        bin length, for the demand predictor; older counts are forgotten."""
-        span = end_s - start_s
-        if not span > 0:
-            return (), 0.0
-        nb = max(1, round(span))
-        bins = [0] * nb
-        for sec in list(self.arrival_seconds):
-            if sec + 1 <= start_s:
-                del self.arrival_seconds[sec]
-            elif sec < end_s:
-                bins[min(nb - 1, max(0, int((sec + 0.5 - start_s) * nb / span)))] += self.arrival_seconds.pop(sec)
-        return tuple(bins), span / nb
+    def _arrived(self, now: float, n: int) -> None:
+        """Count ``n`` arrivals at ``now`` as demand (admitted or refused)."""
+        self.arrivals += n
+        times = self.arrival_times
+        times.extend([now] * n)
+        horizon = now - self._arrival_horizon_s
+        while times and times[0] < horizon:  # no control loop takes them (e.g. a follower)
+            times.popleft()
+
+    def take_arrival_times(self) -> list[float]:
+        """The times of the arrivals since the last call (each request's arrival time, in the order
+        they were counted); they are forgotten. Call it with :meth:`take_period_stats`, on the
+        event-loop thread, so that they are exactly the period's arrivals (the control loop bins
+        them for the demand predictor)."""
+        out = list(self.arrival_times)
+        self.arrival_times.clear()
+        return out
 
     def view(
         self, now: float, plan: Plan, optimal: str | None, slo_s: float, similarity: float | None = None
@@ -303,8 +310,7 @@ class Router:
         in the simulator (the planner sees the offered load, not only what was admitted)."""
         self.metrics.requests.labels("none", "rejected").inc(spec.n)
         self.metrics.refused.labels(reason).inc()
-        self.arrivals += spec.n
-        self.arrival_seconds[int(now)] += spec.n
+        self._arrived(now, spec.n)
         if optimal is not None:
             self.affinity[optimal] += spec.n
         return ApiError(
@@ -422,8 +428,7 @@ class Router:
         added.clear()  # accepted: the load stays until each image is done
         for it in items:
             self.inflight[it.request_id] = _InFlight(it.level, now, now + slo, rank)
-        self.arrivals += spec.n
-        self.arrival_seconds[int(now)] += spec.n
+        self._arrived(now, spec.n)
         self.accepted += spec.n
         for lv in levels:
             self.level_arrivals[lv] += 1

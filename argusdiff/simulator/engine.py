@@ -73,6 +73,7 @@ from argusdiff.domain import (
 )
 from argusdiff.errors import ConfigError
 from argusdiff.policies.base import Policy, RouteView
+from argusdiff.predictors import arrival_bins, bin_length_s
 from argusdiff.simulator.faults import Fault
 from argusdiff.simulator.workload import Workload
 
@@ -258,6 +259,8 @@ class Simulator:
         mems = [p.gpu_memory_gb for p in profiles if p.gpu_memory_gb is not None]
         self.gpu_memory = min(mems) if mems else None
         self.replans_on_load = policy.replans_on_load
+        # demand bins of each period, as the live control loop counts them
+        self.bin_s = bin_length_s(policy.predictor_spec)
         if policy.profile.ids not in workload.optimal:
             workload.optimal_for(policy.profile)  # a merged ladder: derive its optimal levels up front
 
@@ -545,7 +548,8 @@ class Simulator:
         tiers: np.ndarray | None = None,
     ) -> ClusterStats:
         """What the policy sees at ``t``: ``recent`` the prompt indices and ``times`` the arrival
-        times of the period ``[t - period, t)`` (split into 1 s bins for the demand predictor)."""
+        times of the period ``[t - period, t)`` (binned for the demand predictor as the live control
+        loop bins them: :func:`argusdiff.predictors.arrival_bins`)."""
         ups = tuple(w for k, w in enumerate(self.wids) if self.up[k])
         q = self.view.queue_lengths
         queue_lengths = {w: q.get(w) for w in ups}
@@ -556,12 +560,11 @@ class Simulator:
             if self.load_end[self.widx[w]] > t and self.wlevel[self.widx[w]] is not None
         }
         resident = {w: tuple(m for m, r in self.resident[self.widx[w]].items() if r <= t) for w in ups}
-        nb = max(1, round(period))
-        if reason == "period" and len(times):
-            idx = np.clip(((times - (t - period)) * (nb / period)).astype(np.int64), 0, nb - 1)
-            bins = tuple(int(c) for c in np.bincount(idx, minlength=nb))
-        else:
-            bins = (0,) * nb if reason == "period" else ()
+        bins: tuple[int, ...] = ()
+        bin_s = 0.0
+        if reason == "period":
+            # the live control loop's binning (argusdiff.predictors.arrival_bins), by arrival time
+            bins, bin_s = arrival_bins(times.tolist(), t - period, period, self.bin_s)
         affinity: dict[str, int] = {}
         if len(recent):
             for ids, pred in self.wl.optimal.items():
@@ -611,7 +614,7 @@ class Simulator:
             level_queue=level_queue,
             level_arrivals=level_arrivals,
             arrival_bins=bins,
-            bin_s=period / nb if bins else 0.0,
+            bin_s=bin_s,
             resident=resident,
             reason=reason,
             tier_arrivals=tier_arrivals,
