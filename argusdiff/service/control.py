@@ -30,7 +30,7 @@ from argusdiff.service.cluster import ClusterRouterView
 from argusdiff.service.metrics import ServiceMetrics
 from argusdiff.service.ports import ControlQueue
 from argusdiff.service.router import Router
-from argusdiff.service.store import ControlStore
+from argusdiff.service.transport.protocol import ControlStore
 
 __all__ = ["ControlLoop"]
 
