@@ -213,7 +213,7 @@ def test_a_request_waits_only_behind_its_tier_or_higher_in_both_paths(sm):
     from argusdiff.policies.base import RouteView
     from argusdiff.service.app import Service
     from argusdiff.simulator import SimConfig, quick_workload
-    from argusdiff.simulator.engine import B_FINISH, B_MEMBERS, B_RANK, Simulator
+    from argusdiff.simulator.engine import Simulator, _Batch
 
     cfg = AdmissionConfig(queue_cap=0, deadline_factor=1.0)
     settings = service_settings("sm-a100", workers=0, stand_in_scale=None).model_dump()
@@ -232,8 +232,8 @@ def test_a_request_waits_only_behind_its_tier_or_higher_in_both_paths(sm):
     backlog = 20  # batch-tier requests queued at sd-xl's one worker: far past a 1x deadline
     sim.widx = {f"w{k}": k for k in range(4)}
     sim.up = [True] * 4
-    sim.dq = [[[0.0, 1e9, 1, "sd-xl", [k], 0, 1.0, 0.0, 2] for k in range(backlog)], [], [], []]
-    assert all(b[B_FINISH] > 0 and b[B_RANK] == 2 and len(b[B_MEMBERS]) == 1 for b in sim.dq[0])
+    sim.dq = [[_Batch(0.0, 1e9, 1, "sd-xl", [k], 0, 1.0, 0.0, 2) for k in range(backlog)], [], [], []]
+    assert all(b.finish > 0 and b.rank == 2 and len(b.members) == 1 for b in sim.dq[0])
     sim.view = RouteView(queue_lengths={"w0": backlog, "w1": 0, "w2": 0, "w3": 0}, up={"w0", "w1", "w2", "w3"})
     router.tier_load.clear()
     router.tier_load["sd-xl", tier_rank("batch")] = backlog

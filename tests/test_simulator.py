@@ -111,7 +111,7 @@ def test_batching_and_model_loads(cascade):
     pol = make_policy("diffserve", cascade, rng=np.random.default_rng(0), config={"period_s": 1.0})
     sim = Simulator(pol, wl, SimConfig(period_s=1.0))
     sim.run()
-    sizes = [b[2] for b in sim.busy]
+    sizes = [b.size for b in sim.busy]
     assert max(sizes) > 1
     assert summarize(res)["deferred"] > 0
 

@@ -67,7 +67,7 @@ class RouteView:
     """
 
     now_s: float = 0.0
-    queue_lengths: dict[str, int] = field(default_factory=dict)
+    queue_lengths: Mapping[str, int] = field(default_factory=dict)
     busy_until: dict[str, float] = field(default_factory=dict)
     worker_models: dict[str, str | None] = field(default_factory=dict)
     up: frozenset[str] | set[str] = field(default_factory=set)

@@ -53,7 +53,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,8 +85,6 @@ DEFAULT_TIER_SLO: dict[str, float] = {"interactive": 1.0, "standard": 1.0, "batc
 INF = math.inf
 # request status
 PENDING, SERVED, DROPPED = 0, 1, 2
-# batch record fields (a list, mutated in place); B_RANK: the best tier rank of its members
-B_START, B_FINISH, B_SIZE, B_LEVEL, B_MEMBERS, B_WORKER, B_JIT, B_EXTRA, B_RANK = range(9)
 BIG_QUEUE = 10**9
 
 
@@ -164,8 +162,25 @@ class SimResult:
     refused: np.ndarray | None = None  # dropped by admission (a subset of status == DROPPED)
 
 
-class _Queues:
-    """Queue length per worker id, brought up to date lazily when read."""
+@dataclass(slots=True)
+class _Batch:
+    """One batch on a worker's queue, mutated in place as requests join it and earlier batches
+    move. ``rank``: the best (lowest) tier rank of its members."""
+
+    start: float
+    finish: float
+    size: int
+    level: str  # the level id it runs
+    members: list[int]  # request indices
+    worker: int
+    jit: float  # the log-normal multiplier on its service time
+    extra: float  # seconds added to its latency (lookups, discriminator)
+    rank: int
+
+
+class _Queues(Mapping[str, int]):
+    """Queue length per worker id (``RouteView.queue_lengths``), brought up to date lazily when
+    read: a worker's finished batches leave its queue as the clock passes them."""
 
     __slots__ = ("sim",)
 
@@ -181,17 +196,23 @@ class _Queues:
             return BIG_QUEUE
         dq = sim.dq[w]
         now = sim.now
-        while dq and dq[0][B_FINISH] <= now:
-            sim.qlen[w] -= dq.popleft()[B_SIZE]
+        while dq and dq[0].finish <= now:
+            sim.qlen[w] -= dq.popleft().size
         return sim.qlen[w]
 
-    __getitem__ = get
+    def __getitem__(self, wid: str) -> int:
+        if wid not in self.sim.widx:
+            raise KeyError(wid)
+        return self.get(wid)
 
     def __contains__(self, wid: object) -> bool:
         return wid in self.sim.widx
 
-    def items(self):
-        return [(wid, self.get(wid)) for wid in self.sim.wids]
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.sim.wids)
+
+    def __len__(self) -> int:
+        return len(self.sim.wids)
 
 
 class Simulator:
@@ -387,7 +408,7 @@ class Simulator:
         self.pullers: dict[str, list[int]] = {}
 
         view = RouteView(slo_s=self.slo_s)
-        view.queue_lengths = _Queues(self)  # type: ignore[assignment]
+        view.queue_lengths = _Queues(self)
         view.busy_until = {w: 0.0 for w in self.wids}
         view.worker_models = {w: None for w in self.wids}
         view.up = set(self.wids)
@@ -492,14 +513,14 @@ class Simulator:
                 self.progress(i / n)
         for i in self.waiting:  # no worker ever came back for them
             self.status[i] = DROPPED
-        end = max([b[B_FINISH] for b in self.busy] + [self.now, float(arr[-1]) if n else 0.0])
+        end = max([b.finish for b in self.busy] + [self.now, float(arr[-1]) if n else 0.0])
         for w in range(G):
             if self.up[w]:
                 self.up_intervals.append((w, self.up_since[w], end))
         finish = np.full(n, np.nan)
         for k, b in enumerate(self.req_batch):
             if b is not None and self.status[k] == SERVED:
-                finish[k] = b[B_FINISH]
+                finish[k] = b.finish
         if self.progress is not None:
             self.progress(1.0)
         desc = policy.describe()
@@ -526,7 +547,7 @@ class Simulator:
             cache_miss=self.miss,
             best_effort=self.best_effort,
             deferred=self.deferred,
-            busy=[(b[B_WORKER], b[B_START], b[B_FINISH]) for b in self.busy if b[B_FINISH] > b[B_START]],
+            busy=[(b.worker, b.start, b.finish) for b in self.busy if b.finish > b.start],
             loads=self.loads,
             up_intervals=self.up_intervals,
             plans=self.plans,
@@ -684,7 +705,7 @@ class Simulator:
 
     def _in_use(self, w: int, t: float) -> set[str]:
         """Models of batches on ``w`` that have not finished at ``t``."""
-        return {self.levels[b[B_LEVEL]].model for b in self.dq[w] if b[B_FINISH] > t}
+        return {self.levels[b.level].model for b in self.dq[w] if b.finish > t}
 
     def _make_room(self, w: int, model: str, keep: set[str]) -> bool:
         """Evict least recently used models of ``w`` outside ``keep`` until ``model`` fits."""
@@ -775,11 +796,11 @@ class Simulator:
             i, epoch, batch = ev[3], ev[4], ev[5]
             if self.epoch[i] != epoch or self.status[i] != SERVED:
                 return
-            ready = batch[B_FINISH]
+            ready = batch.finish
             if ready > t + 1e-12:  # the light batch grew after this event was scheduled
                 self._push(ready, "defer", i, epoch, batch)
                 return
-            self._defer(i, t, plan, batch[B_LEVEL])
+            self._defer(i, t, plan, batch.level)
 
     def _workers_down(self, t: float, count: int, duration: float) -> None:
         victims = [w for w in range(len(self.wids) - 1, -1, -1) if self.up[w]][:count]
@@ -793,10 +814,10 @@ class Simulator:
             self.resident[w].clear()  # loads in progress are lost with the worker
             self.view.worker_models[wid] = None
             for b in self.dq[w]:
-                if b[B_FINISH] <= t:
+                if b.finish <= t:
                     continue
-                b[B_FINISH] = max(b[B_START], t) if b[B_START] < t else b[B_START]
-                for i in b[B_MEMBERS]:
+                b.finish = max(b.start, t) if b.start < t else b.start
+                for i in b.members:
                     self.status[i] = PENDING
                     self.epoch[i] += 1
                     self._push(t, "redispatch", i)
@@ -849,8 +870,8 @@ class Simulator:
                 if w is None or not self.up[w]:
                     continue
                 for b in self.dq[w]:
-                    if b[B_FINISH] > t and b[B_RANK] <= rank:
-                        queued += sum(1 for m in b[B_MEMBERS] if ranks[m] <= rank)
+                    if b.finish > t and b.rank <= rank:
+                        queued += sum(1 for m in b.members if ranks[m] <= rank)
         return adm.check(
             level_id, plan=plan, queued=queued, workers=len(ws),
             now_s=t, arrival_s=float(self.wl.arrivals_s[i]), slo_s=float(self.req_slo[i]),
@@ -888,39 +909,39 @@ class Simulator:
         n = len(dq)
         k = n
         ready = self.resident[w].get(served.model)
-        if n and ready is not None and self.free_at[w] == dq[-1][B_FINISH]:
+        if n and ready is not None and self.free_at[w] == dq[-1].finish:
             levels = self.levels
             model = served.model
             while k > 0:
                 b = dq[k - 1]
-                if b[B_START] <= t or b[B_RANK] <= rank or levels[b[B_LEVEL]].model != model:
+                if b.start <= t or b.rank <= rank or levels[b.level].model != model:
                     break
                 k -= 1
         if bsize > 1 and k > 0:
             prev = dq[k - 1]
-            if prev[B_START] > t and prev[B_LEVEL] == served.id and prev[B_SIZE] < bsize:
-                return prev[B_START], k - 1, True
+            if prev.start > t and prev.level == served.id and prev.size < bsize:
+                return prev.start, k - 1, True
         if k == n:
             free = max(self.free_at[w], t)
             start = free + served.load_time_s if ready is None else max(free, ready)
             return start, k, False
         nxt = dq[k]
-        if bsize > 1 and nxt[B_LEVEL] == served.id and nxt[B_SIZE] < bsize:
-            return nxt[B_START], k, True
-        start = max(t, dq[k - 1][B_FINISH] if k > 0 else t, ready if ready is not None else t)
+        if bsize > 1 and nxt.level == served.id and nxt.size < bsize:
+            return nxt.start, k, True
+        start = max(t, dq[k - 1].finish if k > 0 else t, ready if ready is not None else t)
         return start, k, False
 
     def _shift(self, w: int, k: int) -> None:
         """Start the batches of ``w`` from index ``k`` on no earlier than the batch before each
         finishes (after a request went ahead of them); the worker frees up when the last does."""
         dq = self.dq[w]
-        prev = dq[k - 1][B_FINISH]
+        prev = dq[k - 1].finish
         for j in range(k, len(dq)):
             b = dq[j]
-            if b[B_START] < prev:
-                b[B_FINISH] += prev - b[B_START]
-                b[B_START] = prev
-            prev = b[B_FINISH]
+            if b.start < prev:
+                b.finish += prev - b.start
+                b.start = prev
+            prev = b.finish
         self.free_at[w] = prev
         self.view.busy_until[self.wids[w]] = prev
 
@@ -991,22 +1012,22 @@ class Simulator:
         dq = self.dq[w]
         # bring the queue up to date before touching its tail
         now = t
-        while dq and dq[0][B_FINISH] <= now:
-            self.qlen[w] -= dq.popleft()[B_SIZE]
+        while dq and dq[0].finish <= now:
+            self.qlen[w] -= dq.popleft().size
         start, k, join = self._slot(w, served, t, bsize, rank)
         if join:
             batch = dq[k]
-            batch[B_SIZE] += 1
-            batch[B_MEMBERS].append(i)
-            batch[B_FINISH] = batch[B_START] + served.latency(batch[B_SIZE]) * batch[B_JIT] + max(batch[B_EXTRA], extra)
-            batch[B_EXTRA] = max(batch[B_EXTRA], extra)
-            batch[B_RANK] = min(batch[B_RANK], rank)
+            batch.size += 1
+            batch.members.append(i)
+            batch.finish = batch.start + served.latency(batch.size) * batch.jit + max(batch.extra, extra)
+            batch.extra = max(batch.extra, extra)
+            batch.rank = min(batch.rank, rank)
             k += 1
         else:
             if k == len(dq):
                 start = max(self.free_at[w], t, ready)
             finish = start + served.latency(1) * jit + extra
-            batch = [start, finish, 1, served.id, [i], w, jit, extra, rank]
+            batch = _Batch(start, finish, 1, served.id, [i], w, jit, extra, rank)
             dq.insert(k, batch)
             self.busy.append(batch)
             k += 1
@@ -1014,8 +1035,8 @@ class Simulator:
         if k < len(dq):
             self._shift(w, k)  # the lower-priority work it went ahead of starts later
         else:
-            self.free_at[w] = batch[B_FINISH]
-            self.view.busy_until[self.wids[w]] = batch[B_FINISH]
+            self.free_at[w] = batch.finish
+            self.view.busy_until[self.wids[w]] = batch.finish
         self.req_batch[i] = batch
         self.status[i] = SERVED
         self.level_arr[i] = self.cat_index[served.id]
@@ -1028,7 +1049,7 @@ class Simulator:
         if spec is not None:
             threshold = plan.thresholds.get(served.id, 0.0) if plan is not None else 0.0
             if self.confidences[served.id][p] < threshold:
-                self._push(batch[B_FINISH], "defer", i, int(self.epoch[i]), batch)
+                self._push(batch.finish, "defer", i, int(self.epoch[i]), batch)
 
 
 def simulate(
