@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from argusdiff.domain import Assignment, ClusterStats, Plan, Profile, Request, Strategy
+from argusdiff.domain import Assignment, ClusterStats, Plan, Profile, Request, Strategy, level_catalogue
 from argusdiff.errors import ConfigError
 from argusdiff.policies.state import import_demand
 from argusdiff.predictors import DemandPredictor, predictor_spec
@@ -269,7 +269,7 @@ class Policy(abc.ABC):
         self.predictor_spec = predictor_spec(self.options.predictor)
         self._version = 0
         self.setup()
-        self._all_levels = {lv.id: lv for p in self.known_profiles() for lv in p.levels}
+        self._all_levels = level_catalogue(*self.known_profiles())
 
     def setup(self) -> None:  # noqa: B027 - optional hook
         """The policy's own checks and state, once ``profile``, ``rng``, ``classifier``,
