@@ -98,6 +98,12 @@ def merge_runs(res, spec: dict, rename) -> None:
             res.results[new] = more.results[label]
 
 
+def sm_label(label: str) -> str | None:
+    """A row of a run on ``sm-a100`` as ``label (SM)``; its ``argus+ (unified)`` rows are left out: they
+    plan on ``unified-a100``, not on the SM ladder (the unified section has them)."""
+    return None if "(unified)" in label else f"{label} (SM)"
+
+
 def provenance_line(res, extra: str = "") -> str:
     p = res.provenance
     quality = (
@@ -300,7 +306,7 @@ def main() -> int:
             spec = {**common, "trace": trace}
             res = run_replay(ReplaySpec(**spec, policies=policies, ablation=True))
             merge_runs(
-                res, {**spec, "profile": "sm-a100", "policies": ["argus", "argus+", "pac"]}, lambda lb: f"{lb} (SM)"
+                res, {**spec, "profile": "sm-a100", "policies": ["argus", "argus+", "pac"]}, sm_label
             )
             merge_runs(
                 res, {**spec, "policies": ["argus+"], "mixed": True}, lambda lb: lb if lb.endswith("(AC+SM)") else None
@@ -429,7 +435,7 @@ def main() -> int:
         faults = "argus;cache@5h+30m"
         spec = {**common, "trace": trace, "faults": faults}
         res = run_replay(ReplaySpec(**spec, policies=policies))
-        merge_runs(res, {**spec, "profile": "sm-a100", "policies": ["argus", "argus+"]}, lambda lb: f"{lb} (SM)")
+        merge_runs(res, {**spec, "profile": "sm-a100", "policies": ["argus", "argus+"]}, sm_label)
         merge_runs(
             res, {**spec, "policies": ["argus+"], "mixed": True}, lambda lb: lb if lb.endswith("(AC+SM)") else None
         )
@@ -463,7 +469,7 @@ def main() -> int:
         for key, (trace, desc) in stress.items():
             spec = {**common, "trace": trace}
             res = run_replay(ReplaySpec(**spec, policies=policies))
-            merge_runs(res, {**spec, "profile": "sm-a100", "policies": ["argus+"]}, lambda lb: f"{lb} (SM)")
+            merge_runs(res, {**spec, "profile": "sm-a100", "policies": ["argus+"]}, sm_label)
             merge_runs(
                 res, {**spec, "policies": ["argus+"], "mixed": True}, lambda lb: lb if lb.endswith("(AC+SM)") else None
             )
