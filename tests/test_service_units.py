@@ -174,6 +174,46 @@ def test_control_loop_hands_the_demand_predictor_per_second_arrival_bins():
     asyncio.run(scenario())
 
 
+def test_control_loop_hands_the_policy_the_periods_tier_mix_and_cache_hit_rate():
+    """One decision path: the live ClusterStats carries the period's arrivals per tier (admitted or
+    refused) and the share of its cache lookups that hit, as the simulator's does, so argus+'s
+    tier mix and hit rate follow the same observations live and in a replay."""
+    import time
+
+    from fixtures_service import service_settings
+
+    from argusdiff.domain import Tier
+    from argusdiff.service.app import Service
+    from argusdiff.service.schemas import GenerationSpec
+
+    async def scenario():
+        service = Service(service_settings(workers=0, policy="argus"))
+        await service.dispatch.start()
+        store, control, router = service.store, service.control, service.router
+        store.beat("w1", {"level": None, "resident": ["tiny-sd"]}, ttl_s=60)
+        now = float(int(time.time()))
+        control.clock = lambda: now
+        control.last_tick = now - 60.0
+        seen = []
+        plan = service.policy.plan
+        service.policy.plan = lambda stats: seen.append(stats) or plan(stats)
+        for tier, n in ((Tier.INTERACTIVE, 2), (Tier.BATCH, 3), (Tier.STANDARD, 1)):
+            router._refuse(GenerationSpec(prompt="p", n=n, tier=tier), "test", "queue cap", 1.0, now - 1, None)
+        for hit in (True, True, False, True):
+            router.on_done("none", {"level": "tiny-sd", "ok": True, "lookup_s": 0.01, "cache_hit": hit})
+        router.on_done("none", {"level": "tiny-sd", "ok": True})  # no lookup: not counted
+        await control.tick()
+        stats = seen[-1]
+        assert stats.reason == "period" and stats.arrivals == 6
+        assert dict(stats.tier_arrivals) == {"interactive": 2, "batch": 3, "standard": 1}
+        assert stats.cache_hit_rate == 0.75
+        # taken: the next period starts from nothing
+        assert router.take_period_mix() == ({}, None)
+        await service.dispatch.close()
+
+    asyncio.run(scenario())
+
+
 def test_control_loop_bins_arrivals_by_their_own_times_from_the_period_start():
     """Regression: the live loop counted arrivals per wall-clock second, so with a period that does
     not start on a whole second a burst late in one predictor bin landed in the next one (and the

@@ -139,6 +139,7 @@ class ControlLoop:
         *,
         now_s: float | None = None,
         arrival_times: list[float] | None = None,
+        mix: tuple[dict[str, int], float | None] | None = None,
     ) -> Plan:
         """The synchronous part of a tick (runs in a thread: Redis calls, the solver).
 
@@ -203,6 +204,10 @@ class ControlLoop:
             bin_s=bin_s,
             resident=resident,
             reason="period" if elapsed_s is None else "replan",
+            # a full period's tier mix and cache hit rate (``mix``, from Router.take_period_mix), as
+            # the simulator's ClusterStats carries them
+            tier_arrivals=mix[0] if mix is not None else {},
+            cache_hit_rate=mix[1] if mix is not None else None,
         )
         plan = self.policy.plan(stats)
         plan.validate()
@@ -279,12 +284,14 @@ class ControlLoop:
             period = self.router.take_period_stats()
             take = getattr(self.router, "take_arrival_times", None)
             times = take() if take is not None else None
+            mix = self.router.take_period_mix()
             elapsed = None
         else:
             arrivals, elapsed = self._last_full
             period = (arrivals, Counter(), Counter())
+            mix = None
         try:
-            plan = await asyncio.to_thread(self.step, period, elapsed, now_s=now, arrival_times=times)
+            plan = await asyncio.to_thread(self.step, period, elapsed, now_s=now, arrival_times=times, mix=mix)
         except Exception as exc:
             # keep the previous plan; give the arrivals back so demand is not under-counted
             if full:
@@ -293,6 +300,8 @@ class ControlLoop:
                 self.router.level_arrivals.update(period[2])
                 if times:
                     self.router.arrival_times.extendleft(reversed(times))
+                if mix is not None:
+                    self.router.tier_arrivals.update(mix[0])
             self.last_error = f"{type(exc).__name__}: {exc}"
             log.warning("control tick failed: %s", self.last_error)
             return None

@@ -130,6 +130,11 @@ class Router:
         self.arrivals = 0
         self.affinity: Counter[str] = Counter()
         self.level_arrivals: Counter[str] = Counter()
+        # the period's arrivals per SLO tier and cache lookups / hits, for the plan's tier mix and
+        # hit rate (ClusterStats.tier_arrivals / cache_hit_rate, as the simulator counts them)
+        self.tier_arrivals: Counter[str] = Counter()
+        self.period_lookups = 0
+        self.period_hits = 0
         # each arrival's own time (wall clock), for the demand predictor's bins; the control loop
         # takes a period's at each tick; untaken ones (no loop takes them, e.g. a follower) are kept
         # for three periods, at least five minutes
@@ -162,6 +167,15 @@ class Router:
         out = (self.arrivals, self.affinity, self.level_arrivals)
         self.arrivals, self.affinity, self.level_arrivals = 0, Counter(), Counter()
         return out
+
+    def take_period_mix(self) -> tuple[dict[str, int], float | None]:
+        """The period's arrivals per SLO tier (admitted or refused) and the share of its cache
+        lookups that hit (None: no lookup), since the last call (event-loop thread)."""
+        tiers = dict(self.tier_arrivals)
+        hit_rate = self.period_hits / self.period_lookups if self.period_lookups else None
+        self.tier_arrivals = Counter()
+        self.period_lookups = self.period_hits = 0
+        return tiers, hit_rate
 
     def _arrived(self, now: float, n: int) -> None:
         """Count ``n`` arrivals at ``now`` as demand (admitted or refused)."""
@@ -311,6 +325,7 @@ class Router:
         self.metrics.requests.labels("none", "rejected").inc(spec.n)
         self.metrics.refused.labels(reason).inc()
         self._arrived(now, spec.n)
+        self.tier_arrivals[spec.tier.value] += spec.n
         if optimal is not None:
             self.affinity[optimal] += spec.n
         return ApiError(
@@ -429,6 +444,7 @@ class Router:
         for it in items:
             self.inflight[it.request_id] = _InFlight(it.level, now, now + slo, rank)
         self._arrived(now, spec.n)
+        self.tier_arrivals[spec.tier.value] += spec.n
         self.accepted += spec.n
         for lv in levels:
             self.level_arrivals[lv] += 1
@@ -481,6 +497,8 @@ class Router:
             self.metrics.cache_lookups.labels("error").inc()
         elif s.get("lookup_s", 0.0) > 0:
             hit = bool(s.get("cache_hit"))
+            self.period_lookups += 1
+            self.period_hits += hit
             self.cache_health.record(lookup, hit=hit)
             self.metrics.cache_lookups.labels("hit" if hit else "miss").inc()
             self.metrics.cache_lookup.observe(lookup)
