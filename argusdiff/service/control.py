@@ -282,8 +282,7 @@ class ControlLoop:
                 if 0.0 < late < self.period_s:
                     now -= late
             period = self.router.take_period_stats()
-            take = getattr(self.router, "take_arrival_times", None)
-            times = take() if take is not None else None
+            times = self.router.take_arrival_times()
             mix = self.router.take_period_mix()
             elapsed = None
         else:
@@ -295,13 +294,7 @@ class ControlLoop:
         except Exception as exc:
             # keep the previous plan; give the arrivals back so demand is not under-counted
             if full:
-                self.router.arrivals += period[0]
-                self.router.affinity.update(period[1])
-                self.router.level_arrivals.update(period[2])
-                if times:
-                    self.router.arrival_times.extendleft(reversed(times))
-                if mix is not None:
-                    self.router.tier_arrivals.update(mix[0])
+                self.router.give_back_period(period, times, mix)
             self.last_error = f"{type(exc).__name__}: {exc}"
             log.warning("control tick failed: %s", self.last_error)
             return None

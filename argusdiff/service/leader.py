@@ -387,11 +387,7 @@ class ClusterControlLoop(ControlLoop):
         await asyncio.to_thread(self.router.refresh)
 
     def _give_back(self, local: Any) -> None:
-        arrivals, affinity, level_arrivals = local
-        r = self.real_router
-        r.arrivals += arrivals
-        r.affinity.update(affinity)
-        r.level_arrivals.update(level_arrivals)
+        self.real_router.give_back_period(local)
 
     async def _lease_step(self) -> bool:
         assert self.lease is not None

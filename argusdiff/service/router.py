@@ -177,14 +177,32 @@ class Router:
         self.period_lookups = self.period_hits = 0
         return tiers, hit_rate
 
-    def _arrived(self, now: float, n: int) -> None:
-        """Count ``n`` arrivals at ``now`` as demand (admitted or refused)."""
+    def _arrived(self, now: float, n: int, tier: str = Tier.STANDARD.value) -> None:
+        """Count ``n`` arrivals of ``tier`` at ``now`` as demand (admitted or refused)."""
         self.arrivals += n
+        self.tier_arrivals[tier] += n
         times = self.arrival_times
         times.extend([now] * n)
         horizon = now - self._arrival_horizon_s
         while times and times[0] < horizon:  # no control loop takes them (e.g. a follower)
             times.popleft()
+
+    def give_back_period(
+        self,
+        period: tuple[int, Counter[str], Counter[str]],
+        times: list[float] | None = None,
+        mix: tuple[dict[str, int], float | None] | None = None,
+    ) -> None:
+        """Return what :meth:`take_period_stats` (and :meth:`take_arrival_times`,
+        :meth:`take_period_mix`) took, when it could not be used, so the next period counts it."""
+        arrivals, affinity, level_arrivals = period
+        self.arrivals += arrivals
+        self.affinity.update(affinity)
+        self.level_arrivals.update(level_arrivals)
+        if times:
+            self.arrival_times.extendleft(reversed(times))
+        if mix is not None:
+            self.tier_arrivals.update(mix[0])
 
     def take_arrival_times(self) -> list[float]:
         """The times of the arrivals since the last call (each request's arrival time, in the order
@@ -324,8 +342,7 @@ class Router:
         in the simulator (the planner sees the offered load, not only what was admitted)."""
         self.metrics.requests.labels("none", "rejected").inc(spec.n)
         self.metrics.refused.labels(reason).inc()
-        self._arrived(now, spec.n)
-        self.tier_arrivals[spec.tier.value] += spec.n
+        self._arrived(now, spec.n, spec.tier.value)
         if optimal is not None:
             self.affinity[optimal] += spec.n
         return ApiError(
@@ -443,8 +460,7 @@ class Router:
         added.clear()  # accepted: the load stays until each image is done
         for it in items:
             self.inflight[it.request_id] = _InFlight(it.level, now, now + slo, rank)
-        self._arrived(now, spec.n)
-        self.tier_arrivals[spec.tier.value] += spec.n
+        self._arrived(now, spec.n, spec.tier.value)
         self.accepted += spec.n
         for lv in levels:
             self.level_arrivals[lv] += 1
