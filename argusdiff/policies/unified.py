@@ -346,16 +346,9 @@ def route_unified(policy: Any, r: UnifiedRouting, request: Request, view: RouteV
         return Assignment(
             level=r.levels[k], worker=wk, optimal_level=view.optimal_level, reason="deadline: moved to another path"
         )
+    # hopeless: best effort on the path that finishes first (its own on a tie)
     finish_j = max(now, bu.get(w, now)) + lat_j
-    if first is None or finish_j <= first[0]:
-        return Assignment(
-            level=r.levels[j],
-            worker=w,
-            optimal_level=view.optimal_level,
-            best_effort=True,
-            reason="deadline cannot be met",
-        )
-    _, k, wk = first
+    k, wk = (j, w) if first is None or finish_j <= first[0] else first[1:]
     return Assignment(
         level=r.levels[k],
         worker=wk,
