@@ -42,6 +42,30 @@ def median_time(fn, reps: int) -> float:
     return statistics.median(times)
 
 
+def bench_discriminator(Discriminator, args, torch) -> None:
+    """Latency per image of the cascade's discriminator at 512 px, batch 1 and 8, on ``--device``:
+    preprocessing included, then the network alone (synchronised on CUDA)."""
+    cuda = args.device.startswith("cuda")
+    where = f"{args.device} {torch.cuda.get_device_name(torch.device(args.device))}" if cuda else args.device
+    print(f"\n-- discriminator inference (tf_efficientnetv2_b0, 512 px, float32, {where}) --")
+    disc = Discriminator.new("tf_efficientnetv2_b0", image_size=512, device=args.device)
+    rng = np.random.default_rng(0)
+    imgs = [rng.integers(0, 255, (512, 512, 3), dtype=np.uint8) for _ in range(8)]
+    reps = max(3, args.reps // 2) if not cuda else max(10, args.reps)
+
+    def network(x):
+        disc.model(x)
+        if cuda:
+            torch.cuda.synchronize()
+
+    for batch in (1, 8):
+        per = median_time(lambda b=batch: disc.confidence(imgs[:b], batch_size=b), reps)
+        x = disc.preprocess(imgs[:batch]).to(args.device)
+        with torch.inference_mode():
+            net = median_time(lambda x=x: network(x), reps)
+        print(f"batch {batch}: {per / batch * 1000:7.1f} ms per image (network alone {net / batch * 1000:.1f} ms)")
+
+
 def one_batch_profile(clf, batch, reps, torch, median_time) -> None:
     """Where one batch's time goes: tokenizer, padding, encoder (float32, the current threads)."""
     from classifiers.level import BUCKET_OVERHEAD_TOKENS, length_buckets
@@ -78,6 +102,8 @@ def main() -> int:
     ap.add_argument("--epochs", type=int, default=10, help="epochs in the training-time runs")
     ap.add_argument("--skip-training", action="store_true", help="inference only")
     ap.add_argument("--profile-only", action="store_true", help="only where one batch of 32 spends its time")
+    ap.add_argument("--discriminator-only", action="store_true", help="only the discriminator's inference")
+    ap.add_argument("--device", default="cpu", help="where the discriminator runs: cpu (default), cuda, ...")
     args = ap.parse_args()
 
     import torch
@@ -95,9 +121,12 @@ def main() -> int:
     texts = list(load_prompts(ddb_path).prompts) if ddb_path.is_file() else []
     source = "DiffusionDB" if texts else "built-in generated"
     texts += list(builtin_prompts().prompts)
-    print(f"machine: 2-core x86_64 VM, 24 GiB, no GPU; torch threads {args.threads}; date {time.strftime('%Y-%m-%d')}")
+    print(f"machine: {os.cpu_count()} CPUs; torch threads {args.threads}; date {time.strftime('%Y-%m-%d')}")
     print(f"prompts: {source} first, then the built-in set")
 
+    if args.discriminator_only:
+        bench_discriminator(Discriminator, args, torch)
+        return 0
     profile = load_profile("sdxl-ac-a100")
     parti_path = Path(args.shared) / "data/prompts/parti_prompts.tsv"
 
@@ -197,17 +226,7 @@ def main() -> int:
                 f"({256 / dt:.1f} prompts/s), {bc.batches} batches (mean {bc.items / bc.batches:.1f})"
             )
 
-    print("\n-- discriminator inference (tf_efficientnetv2_b0, 512 px) --")
-    disc = Discriminator.new("tf_efficientnetv2_b0", image_size=512)
-    rng = np.random.default_rng(0)
-    imgs = [rng.integers(0, 255, (512, 512, 3), dtype=np.uint8) for _ in range(8)]
-    for batch in (1, 8):
-        per = median_time(lambda b=batch: disc.confidence(imgs[:b], batch_size=b), max(3, args.reps // 2))
-        x = disc.preprocess(imgs[:batch])
-        with torch.inference_mode():
-            net = median_time(lambda x=x: disc.model(x), max(3, args.reps // 2))
-        print(f"batch {batch}: {per / batch * 1000:7.1f} ms per image (network alone {net / batch * 1000:.1f} ms)")
-
+    bench_discriminator(Discriminator, args, torch)
     if args.skip_training:
         return 0
     print(f"\n-- training time, frozen encoder + head, {args.epochs} epochs, encoding included --")

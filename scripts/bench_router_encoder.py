@@ -18,7 +18,7 @@ Two loads, the variants interleaved in each repetition (medians over ``--reps``)
 * closed loop, ``--clients`` concurrent callers: prompts/s and per-prompt latency p50/p99;
 * open loop at ``--rate`` prompts/s (Poisson arrivals): latency p50/p99 and the rate achieved.
 
-Usage: python scripts/bench_router_encoder.py [--threads 1] [--reps 3] [--prompts 256]
+Usage: python scripts/bench_router_encoder.py [--threads 1] [--reps 3] [--prompts 256] [--device cuda]
 """
 
 from __future__ import annotations
@@ -91,6 +91,7 @@ def main() -> int:
     ap.add_argument("--max-batch", type=int, default=32)
     ap.add_argument("--max-wait-s", type=float, default=0.005)
     ap.add_argument("--precision", default="float32", choices=("float32", "bfloat16", "int8", "auto"))
+    ap.add_argument("--device", default="cpu", help="where the MiniLM runs: cpu (default), cuda, cuda:1, ...")
     ap.add_argument("--target-rate", type=float, default=300.0, help="the target throughput (prompts/s)")
     ap.add_argument("--target-p99-ms", type=float, default=50.0, help="the target p99 latency (ms)")
     args = ap.parse_args()
@@ -107,7 +108,7 @@ def main() -> int:
     from cache.latent_cache import LatentCache
     from cache.store import LocalDirStore
     from classifiers.level import BatchedClassifier, LevelClassifier
-    from traces.embeddings import DIM, get_encoder
+    from traces.embeddings import DIM, PromptEncoder, get_encoder
     from traces.prompts import builtin_prompts
 
     profile = load_profile("demo-cpu")
@@ -122,8 +123,11 @@ def main() -> int:
     vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
     model = ac_model(profile)
     cache.index.add_many([(f"k{i}", v, model, {2: 1}, 0.0) for i, v in enumerate(vecs)])
-    embed = get_encoder(use_cache=False).encode
-    clf = LevelClassifier.new(profile.ids, precision=args.precision)
+    if args.device == "cpu":
+        embed = get_encoder(use_cache=False).encode
+    else:  # the similarity view's own encoder on the same device as the classifier's
+        embed = PromptEncoder(device=args.device, use_cache=False).encode
+    clf = LevelClassifier.new(profile.ids, precision=args.precision, device=args.device)
     batched = BatchedClassifier(clf, max_batch=args.max_batch, max_wait_s=args.max_wait_s)
     view = CacheSimilarity(cache, model=model, embed=embed, max_batch=args.max_batch, max_wait_s=args.max_wait_s)
     settings = Settings.model_validate(
@@ -141,7 +145,9 @@ def main() -> int:
     shared, why = one_pass.sharing()
     lengths = [len(x) for x in clf.tokenizer(pool[: args.prompts], truncation=True, max_length=128)["input_ids"]]
     print(
-        f"router prompt stage, argus+ on demo-cpu: MiniLM-L6 ({clf.precision}), {torch.get_num_threads()} torch "
+        f"router prompt stage, argus+ on demo-cpu: MiniLM-L6 ({clf.precision}, {args.device}"
+        f"{' ' + torch.cuda.get_device_name(torch.device(args.device)) if args.device.startswith('cuda') else ''}), "
+        f"{torch.get_num_threads()} torch "
         f"thread(s), {os.cpu_count()} CPUs, index {len(cache.index)} entries, max batch {args.max_batch}, "
         f"max wait {args.max_wait_s * 1000:g} ms; prompts: built-in, mean {np.mean(lengths):.1f} word pieces"
     )
