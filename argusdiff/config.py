@@ -77,7 +77,9 @@ class PredictorConfig(_Section):
 class TracesConfig(_Section):
     """Arrival traces, prompt sets, quality tables and the prompt encoder (``[traces]``)."""
 
-    prompts: str = Field("builtin", description="default prompt set: 'builtin' or a text/TSV/CSV file")
+    prompts: str = Field(
+        "diffusiondb", description="default prompt set: 'diffusiondb' (real, packaged), 'builtin' (generated) or a file"
+    )
     prompt_order: Literal["random", "sequential"] = Field(
         "sequential", description="how generated traces assign prompts: walk the set, or draw uniformly"
     )

@@ -84,7 +84,7 @@ DEFAULT_POLICIES = (
 class ReplaySpec:
     trace: str = DEFAULT_TRACE
     trace_format: str | None = None
-    prompts: str | None = None  # None: the built-in generated set
+    prompts: str | None = None  # None: the configured default set ([traces] prompts: diffusiondb)
     quality: str = "synthetic"  # "synthetic" | path to a QualityTable CSV | "diffserve"
     policies: Sequence[str] = DEFAULT_POLICIES
     gpus: int = 8
@@ -102,6 +102,7 @@ class ReplaySpec:
     confusion: float = 0.1
     jitter: float = 0.0
     embeddings: bool = True  # MiniLM prompt embeddings for cache similarity
+    progress: bool = False  # a progress bar (on a terminal) while prompts not packaged or cached are encoded
     cache_latency_s: float = 0.05
     cache_prefill: float = 0.5  # share of the prompt set cached before the trace (earlier traffic)
     ablation: bool = False  # add argus+ variants with one part switched off
@@ -205,10 +206,8 @@ def _load_profiles(spec: ReplaySpec) -> dict[str, Profile]:
 
 
 def _prompt_set(spec: ReplaySpec):
-    from traces.prompts import builtin_prompts, load_prompts
+    from traces.prompts import load_prompts
 
-    if spec.prompts is None:
-        return builtin_prompts()
     return load_prompts(spec.prompts)
 
 
@@ -415,10 +414,13 @@ def _workload(spec: ReplaySpec, inputs: ReplayInputs, trace: Any, scaling: str, 
     embeddings = None
     similarity_source = "exact repeats only"
     if spec.embeddings:
-        from traces.embeddings import encode_prompts
+        from traces.embeddings import get_encoder
 
-        say(f"encoding {len(prompts)} prompts with MiniLM (disk-cached)...")
-        embeddings = encode_prompts(list(prompts.prompts))
+        encoder = get_encoder()
+        before = encoder.encoded
+        embeddings = encoder.encode(list(prompts.prompts), progress=spec.progress)
+        if encoder.encoded > before:
+            say(f"encoded {encoder.encoded - before} of {len(prompts)} prompts with MiniLM (disk-cached for next time)")
         similarity_source = "MiniLM (all-MiniLM-L6-v2) prompt embeddings, cosine"
     req_slo, req_tier, slo_note = trace_deadlines(trace)
     if slo_note:

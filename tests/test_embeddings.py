@@ -60,7 +60,9 @@ def test_disk_cache_avoids_the_model(cache_dir):
 
 def test_batching_and_order_do_not_change_vectors(tmp_path):
     enc = PromptEncoder(cache_dir=tmp_path, batch_size=2)
-    texts = ["a cat", "a very long prompt about a castle on a hill at dawn, intricate, detailed", "a dog", "a cat"]
+    # none of them in the packaged set (whose float16 vectors would come back instead)
+    long = "a very long prompt about a castle on a hill at dawn, intricate, detailed"
+    texts = ["a cat", long, "a spotted dog", "a cat"]
     batched = enc.encode(texts)
     single = np.stack([PromptEncoder(use_cache=False).encode([t])[0] for t in texts[:3]])
     assert np.allclose(batched[:3], single, atol=1e-5)
@@ -149,3 +151,39 @@ def test_importing_traces_does_not_import_torch():
         "assert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_packaged_vectors_are_the_encoders():
+    """The shipped float16 vectors of the default prompt set cover every prompt and agree with
+    the encoder (a spread sample re-encoded, no cache): regenerate with
+    scripts/package_embeddings.py when this fails."""
+    from traces.embeddings import _text_key, packaged_vectors
+    from traces.prompts import diffusiondb_prompts
+
+    table = packaged_vectors()
+    texts = list(diffusiondb_prompts().prompts)
+    vecs = table.get_many([_text_key(t) for t in texts])
+    assert len(vecs) == len(set(texts)) == len(table)
+    assert "all-MiniLM-L6-v2" in table.model
+    sample = texts[:: len(texts) // 24][:24]
+    fresh = PromptEncoder(use_cache=False).encode(sample)
+    shipped = np.stack([vecs[_text_key(t)] for t in sample])
+    assert np.abs(fresh - shipped).max() < 1e-3
+    assert np.all(np.sum(fresh * shipped, axis=1) > 0.9999)
+
+
+def test_packaged_vectors_spare_the_model(tmp_path):
+    from traces.prompts import diffusiondb_prompts
+
+    texts = list(diffusiondb_prompts().prompts[:200])
+    enc = PromptEncoder(cache_dir=tmp_path)
+    e = enc.encode(texts)
+    assert e.shape == (200, DIM) and e.dtype == np.float32
+    assert enc.encoded == 0 and enc._model is None  # every vector came from the package
+    assert np.allclose(np.linalg.norm(e, axis=1), 1.0, atol=2e-3)
+    e2 = enc.encode([*texts[:3], "a lighthouse made of glass at night"])
+    assert enc.encoded == 1 and np.array_equal(e2[:3], e[:3])
+    # another encoder (a model or max_length of its own) never reads them
+    other = PromptEncoder(cache_dir=tmp_path, max_length=64)
+    other.encode(texts[:2])
+    assert other.encoded == 2

@@ -17,7 +17,16 @@ def test_builtin_is_large_distinct_and_deterministic():
     b = builtin_prompts()
     assert a.prompts == b.prompts and a.ids == b.ids
     assert load_prompts("builtin").prompts == a.prompts
-    assert load_prompts(None).prompts == a.prompts
+
+
+def test_diffusiondb_is_the_default_set(monkeypatch):
+    d = load_prompts(None)
+    assert d.name == "diffusiondb" and not d.generated and "CC0" in d.source
+    assert len(d) == 4999 and len(set(d.prompts)) < len(d)  # real users repeat prompts
+    assert d.prompts == load_prompts("diffusiondb").prompts
+    assert d.prompts[0].startswith("a renaissance portrait")
+    monkeypatch.setenv("ARGUSDIFF_TRACES__PROMPTS", "builtin")
+    assert load_prompts(None).generated
 
 
 def test_text_file(tmp_path):

@@ -240,3 +240,17 @@ def test_variant_runs_come_from_the_policies_that_declare_them():
     assert dict(runs[13 + 3][2]) == {"paths": ("ac", "cascade")}  # -SM
     # without argus+ selected there is no unified run; without the switches, only the policies
     assert [label for label, *_ in variant_runs(ReplaySpec(policies=["argus", "diffserve"]))] == ["argus", "diffserve"]
+
+
+def test_default_replay_runs_on_real_prompts_without_the_encoder(tmp_path, monkeypatch):
+    """The default prompt set is the packaged DiffusionDB sample, and its packaged embeddings spare
+    a first replay the MiniLM encoding (an empty disk cache, and no model ever loaded)."""
+    from argusdiff.replay import ReplaySpec, prepare
+    from traces.embeddings import get_encoder
+
+    monkeypatch.setenv("ARGUSDIFF_TRACES__EMBEDDING_CACHE_DIR", str(tmp_path / "emb"))
+    prepared = prepare(ReplaySpec(trace="poisson:qpm=40,duration=3m", policies=["argus"]))
+    assert prepared.provenance["prompts"].startswith("diffusiondb (4999 prompts")
+    assert "MiniLM" in prepared.provenance["cache_similarity"]
+    encoder = get_encoder()
+    assert encoder.encoded == 0 and encoder._model is None and encoder.cache_hits >= 4999

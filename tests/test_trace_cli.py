@@ -58,9 +58,10 @@ def test_trace_errors_exit_2(capsys, tmp_path):
 
 def test_prompts_commands(capsys, tmp_path):
     out = _json(capsys, ["prompts", "list", "--json"])
-    assert out["sets"][0]["name"] == "builtin"
+    assert [s["name"] for s in out["sets"]] == ["diffusiondb", "builtin"]
+    assert "the default" in out["sets"][0]["help"]
     s = _json(capsys, ["prompts", "show", "--head", "3", "--json"])
-    assert s["prompts"] >= 5000 and len(s["head"]) == 3
+    assert s["name"] == "diffusiondb" and s["prompts"] == 4999 and len(s["head"]) == 3
     f = tmp_path / "p.txt"
     f.write_text("a\nb\n")
     assert cli.main(["prompts", "show", str(f)]) == 0

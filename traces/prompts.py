@@ -2,10 +2,14 @@
 
 Sources:
 
+* ``diffusiondb`` (the default, ``[traces] prompts``) — :func:`diffusiondb_prompts`: the first
+  5,000 prompts of DiffusionDB 2M (real user prompts, in their order, repeats kept; CC0 1.0), shipped
+  with the package with their MiniLM embeddings (``traces/data/SOURCES.md``), so ``replay`` runs
+  on real prompts with nothing else;
 * ``builtin`` — :func:`builtin_prompts`: 6,000 prompts generated deterministically from templates
   over eight kinds of request (simple scenes, landscapes, styled art, portraits, text rendering,
-  counting, spatial composition, detail-heavy art), so ``replay`` runs with nothing else. They are
-  generated text, not user prompts; each carries its template kind as ``category``.
+  counting, spatial composition, detail-heavy art). They are generated text, not user prompts;
+  each carries its template kind as ``category``.
 * a text file — one prompt per line (e.g. DiffusionDB's ``diffusiondb_2m_first_5k.txt``); blank
   lines are skipped, surrounding whitespace is stripped;
 * a TSV/CSV file with a header that has a ``prompt`` column (any case), and optionally ``id`` /
@@ -28,9 +32,24 @@ import numpy as np
 
 from argusdiff.errors import ConfigError
 
-__all__ = ["BUILTIN_SIZE", "PromptSet", "PromptSetError", "builtin_prompts", "list_prompt_sets", "load_prompts"]
+__all__ = [
+    "BUILTIN_SIZE",
+    "DIFFUSIONDB_FILE",
+    "PromptSet",
+    "PromptSetError",
+    "builtin_prompts",
+    "diffusiondb_prompts",
+    "list_prompt_sets",
+    "load_prompts",
+]
 
 BUILTIN_SIZE = 6000
+#: the packaged DiffusionDB sample (a copy of DiffusionDB 2M's first 5,000 prompts)
+DIFFUSIONDB_FILE = Path(__file__).resolve().parent / "data" / "diffusiondb_2m_first_5k.txt"
+DIFFUSIONDB_SOURCE = (
+    "DiffusionDB 2M (Wang et al., ACL 2023, poloclub/diffusiondb), first 5,000 prompts, CC0 1.0; "
+    "packaged (traces/data/SOURCES.md)"
+)
 
 
 class PromptSetError(ConfigError):
@@ -167,13 +186,25 @@ def _read_table(path: Path, text: str, delimiter: str, first_lineno: int) -> Pro
     )
 
 
+def default_prompt_set() -> str:
+    """``[traces] prompts`` (``ARGUSDIFF_TRACES__PROMPTS``), ``diffusiondb`` by default."""
+    from argusdiff.config import load_settings
+
+    return load_settings().traces.prompts
+
+
 def load_prompts(name_or_path: str | Path | None = None) -> PromptSet:
-    """A prompt set: ``None``/``"builtin"`` for the generated set, else a text/TSV/CSV file."""
-    if name_or_path is None or str(name_or_path) == "builtin":
+    """A prompt set: ``"diffusiondb"`` (packaged real prompts), ``"builtin"`` (generated), else a
+    text/TSV/CSV file; ``None``: the configured default (:func:`default_prompt_set`)."""
+    if name_or_path is None:
+        name_or_path = default_prompt_set()
+    if str(name_or_path) == "builtin":
         return builtin_prompts()
+    if str(name_or_path) == "diffusiondb":
+        return diffusiondb_prompts()
     path = Path(name_or_path)
     if not path.is_file():
-        raise PromptSetError(f"prompt set {str(name_or_path)!r}: no such file (or use 'builtin')")
+        raise PromptSetError(f"prompt set {str(name_or_path)!r}: no such file (or use 'diffusiondb' or 'builtin')")
     try:
         text = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -200,14 +231,37 @@ def load_prompts(name_or_path: str | Path | None = None) -> PromptSet:
     )
 
 
+@lru_cache(maxsize=1)
+def diffusiondb_prompts() -> PromptSet:
+    """The packaged DiffusionDB sample: real user prompts in DiffusionDB's order (the one empty
+    prompt of the 5,000 left out, as for any text file)."""
+    ps = load_prompts(DIFFUSIONDB_FILE)
+    return PromptSet(
+        prompts=ps.prompts,
+        ids=tuple(f"diffusiondb-{i:04d}" for i in range(len(ps))),
+        name="diffusiondb",
+        source=DIFFUSIONDB_SOURCE,
+    )
+
+
 def list_prompt_sets() -> list[dict[str, str]]:
-    return [
+    default = default_prompt_set()
+    sets = [
+        {
+            "name": "diffusiondb",
+            "prompts": str(len(diffusiondb_prompts())),
+            "help": "real user prompts: DiffusionDB 2M's first 5,000 (CC0 1.0), with packaged MiniLM embeddings",
+        },
         {
             "name": "builtin",
             "prompts": str(BUILTIN_SIZE),
-            "help": "generated from templates (8 kinds of request), deterministic; used when no --prompts is given",
-        }
+            "help": "generated from templates (8 kinds of request), deterministic",
+        },
     ]
+    for s in sets:
+        if s["name"] == default:
+            s["help"] += "; the default ([traces] prompts)"
+    return sets
 
 
 # ---------------------------------------------------------------------------------------------

@@ -56,7 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     )
     p.add_argument("--profile", help="profile name or TOML (default: the settings' profile)")
     p.add_argument("--level", help="AC level with K = 0 to run (default: the profile's K = 0 AC level)")
-    p.add_argument("--prompts", default="builtin", help="prompt set: 'builtin' or a .txt/.tsv/.csv file")
+    p.add_argument(
+        "--prompts", help="prompt set: 'diffusiondb', 'builtin' or a .txt/.tsv/.csv file (default: [traces] prompts)"
+    )
     p.add_argument("--limit", type=int, default=20, help="prompts to run (default 20)")
     p.add_argument("--seed", type=int, default=0, help="seed of the first prompt (the next ones add 1)")
     p.set_defaults(run=run_warm)

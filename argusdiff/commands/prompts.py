@@ -12,7 +12,12 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     ls.add_argument("--json", action="store_true", help="machine-readable output")
     ls.set_defaults(run=run_list)
     show = sub.add_parser("show", help="summarize a prompt set and print some prompts", description="show prompts")
-    show.add_argument("prompts", nargs="?", default="builtin", help="'builtin' (default) or a text/TSV/CSV file")
+    show.add_argument(
+        "prompts",
+        nargs="?",
+        default=None,
+        help="'diffusiondb', 'builtin' or a text/TSV/CSV file (default: [traces] prompts, diffusiondb)",
+    )
     show.add_argument("--head", type=int, default=10, metavar="N", help="print the first N prompts (default 10)")
     show.add_argument("--json", action="store_true", help="machine-readable output")
     show.set_defaults(run=run_show)
@@ -50,7 +55,7 @@ def run_show(args: argparse.Namespace) -> int:
             summary["head"] = [{"id": i, "prompt": p} for i, p in zip(head.ids, head.prompts, strict=True)]
         print(json.dumps(summary, indent=2))
         return 0
-    kind = "generated from templates" if ps.generated else "from file"
+    kind = "generated from templates" if ps.generated else "real prompts" if ps.name == "diffusiondb" else "from file"
     print(f"{ps.name}: {len(ps)} prompts ({summary['distinct']} distinct), {kind}; source: {ps.source}")
     print(f"words per prompt: mean {summary['mean_words']}, median {summary['median_words']:g}")
     for label in ("categories", "challenges"):

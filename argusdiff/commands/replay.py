@@ -34,7 +34,11 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         default=None,
         help="file format when detection is not wanted: argusdiff, diffserve, proteus, azure-minute, azure-hourly",
     )
-    parser.add_argument("--prompts", default=None, help="prompt set (text/TSV/CSV file or name); default: built-in set")
+    parser.add_argument(
+        "--prompts",
+        default=None,
+        help="prompt set: 'diffusiondb' (real, packaged; the default: [traces] prompts), 'builtin' or a file",
+    )
     parser.add_argument(
         "--quality",
         default="synthetic",
@@ -210,6 +214,7 @@ def run(args: argparse.Namespace) -> int:
         confusion=args.confusion if args.confusion is not None else cfg.confusion,
         jitter=args.jitter if args.jitter is not None else cfg.jitter,
         embeddings=not args.no_embeddings,
+        progress=not args.quiet,
         cache_latency_s=cfg.cache_latency_s,
         cache_prefill=args.cache_prefill if args.cache_prefill is not None else cfg.cache_prefill,
         ablation=args.ablation,
