@@ -187,6 +187,11 @@ class ClassifierConfig(_Section):
         default_factory=dict, description="strategy ('ac', 'sm') -> saved level-classifier directory"
     )
     backbone: str | None = Field(None, description="transformers id or folder; None: the packaged MiniLM BERT")
+    fit_at_start: bool | None = Field(
+        None,
+        description="no models entry for the strategy: fit a head on the packaged prompt embeddings at start "
+        "(SYNTHETIC labels); None: on for the embedded demo (`serve` without a profile), else off",
+    )
     mode: Literal["head", "full"] = Field("head", description="train a head on a frozen encoder, or fine-tune all")
     pooling: Literal["mean", "cls"] = Field("mean", description="mean of token states, or the model's [CLS] head")
     class_weighting: bool = Field(False, description="inverse-frequency class weights in the training loss")

@@ -320,6 +320,16 @@ class LevelClassifier:
     def level_ids(self) -> tuple[str, ...]:
         return self.meta.level_ids
 
+    @property
+    def description(self) -> str | None:
+        """What this classifier is, when its report says (e.g. one fitted at start)."""
+        return (self.meta.report or {}).get("description")
+
+    @property
+    def caveat(self) -> str | None:
+        """What a reader of its predictions must know, when its report says (e.g. synthetic labels)."""
+        return (self.meta.report or {}).get("caveat")
+
     def check_levels(self, level_ids: Sequence[str]) -> None:
         if tuple(level_ids) != self.level_ids:
             raise ModelMismatchError(f"classifier was trained for levels {list(self.level_ids)}, not {list(level_ids)}")
@@ -538,6 +548,14 @@ class BatchedClassifier:
     @property
     def level_ids(self) -> tuple[str, ...]:
         return self._classifier.level_ids
+
+    @property
+    def description(self) -> str | None:
+        return getattr(self._classifier, "description", None)
+
+    @property
+    def caveat(self) -> str | None:
+        return getattr(self._classifier, "caveat", None)
 
     @property
     def batches(self) -> int:

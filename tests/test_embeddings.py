@@ -157,17 +157,17 @@ def test_packaged_vectors_are_the_encoders():
     """The shipped float16 vectors of the default prompt set cover every prompt and agree with
     the encoder (a spread sample re-encoded, no cache): regenerate with
     scripts/package_embeddings.py when this fails."""
-    from traces.embeddings import _text_key, packaged_vectors
+    from traces.embeddings import packaged_vectors, text_key
     from traces.prompts import diffusiondb_prompts
 
     table = packaged_vectors()
     texts = list(diffusiondb_prompts().prompts)
-    vecs = table.get_many([_text_key(t) for t in texts])
+    vecs = table.get_many([text_key(t) for t in texts])
     assert len(vecs) == len(set(texts)) == len(table)
     assert "all-MiniLM-L6-v2" in table.model
     sample = texts[:: len(texts) // 24][:24]
     fresh = PromptEncoder(use_cache=False).encode(sample)
-    shipped = np.stack([vecs[_text_key(t)] for t in sample])
+    shipped = np.stack([vecs[text_key(t)] for t in sample])
     assert np.abs(fresh - shipped).max() < 1e-3
     assert np.all(np.sum(fresh * shipped, axis=1) > 0.9999)
 

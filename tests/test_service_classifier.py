@@ -49,3 +49,54 @@ def test_service_refuses_a_classifier_trained_for_other_levels(demo_classifier_d
     settings = Settings.model_validate({"classifier": {"models": {"ac": str(path)}}})
     with pytest.raises(ModelMismatchError):
         load_classifier(settings, other)
+
+
+def test_embedded_demo_routes_by_prompt_says_why_and_starts_quietly(live_service, demo_models_dir, tmp_path, caplog):
+    """`argusdiff serve`'s embedded demo (real tiny models, a classifier fitted at start on the
+    packaged prompt embeddings): prompts the synthetic quality model tells apart get different
+    optimal levels, each image says why it went where it did, and a healthy start logs no warning."""
+    import logging
+
+    import httpx
+    from fixtures_service import demo_model_settings
+
+    settings = demo_model_settings(demo_models_dir, tmp_path / "cache", policy="argus", workers=2).model_dump()
+    settings["classifier"].update(fit_at_start=True, precision="float32")
+    settings["service"].update(fallback_profile="demo-cpu-sm")
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append  # diffusers' and transformers' loggers do not reach caplog
+    libraries = [logging.getLogger(name) for name in ("diffusers", "transformers")]
+    for lib in libraries:
+        lib.addHandler(handler)
+    try:
+        with caplog.at_level(logging.WARNING):
+            server = live_service(Settings.model_validate(settings))
+            clf = server.service.classifier
+            assert clf is not None and "SYNTHETIC" in clf.description and clf.caveat
+            report = clf.classifier.meta.report
+            assert report["holdout_accuracy"] > max(report["label_counts"].values()) / report["prompts"]
+            prompts = [
+                "a red apple",
+                "a photo of a cat",
+                "portrait of an old fisherman with a braided beard, 85mm, highly detailed face, sharp focus, 8k",
+                "a dragon coiled around a castle tower, intricate, ultra detailed, octane render, artstation",
+            ]
+            seen = set()
+            for prompt in prompts:
+                body = {"prompt": prompt, "response_format": "b64_json"}
+                r = httpx.post(f"{server.url}/v1/argusdiff/generations", json=body, timeout=120)
+                assert r.status_code == 200, r.text
+                image = r.json()["data"][0]
+                seen.add(image["optimal_level"])
+                assert image["optimal_level"] in server.service.profile.ids
+                assert f"puts this prompt at {image['optimal_level']}" in image["why"]
+                assert "fitted at start on SYNTHETIC labels" in image["why"] and image["level"] in image["why"]
+            assert len(seen) > 1, seen
+            plan = httpx.get(f"{server.url}/v1/plan", timeout=10).json()
+            assert "SYNTHETIC" in str(plan)
+    finally:
+        for lib in libraries:
+            lib.removeHandler(handler)
+    warnings = [f"{r.name}: {r.getMessage()}" for r in [*caplog.records, *records] if r.levelno >= logging.WARNING]
+    assert not warnings, warnings

@@ -377,10 +377,14 @@ def test_serve_defaults_to_the_demo_profile_with_its_sm_fallback(monkeypatch):
     add_arguments(parser, "serve")
     s = settings_from_args(parser.parse_args([]))
     assert (s.profile, s.service.fallback_profile, s.service.redis_url) == ("demo-cpu", "demo-cpu-sm", None)
+    assert s.classifier.fit_at_start is True  # the demo routes by prompt
     s = settings_from_args(parser.parse_args(["--profile", "sm-a100", "--redis", "redis://h:1/0", "--api-key", "k"]))
     assert (s.profile, s.service.fallback_profile, s.service.redis_url, s.service.api_keys) == (
         "sm-a100", None, "redis://h:1/0", ("k",)
     )  # fmt: skip
+    assert not s.classifier.fit_at_start
+    monkeypatch.setenv("ARGUSDIFF_CLASSIFIER__FIT_AT_START", "false")
+    assert settings_from_args(parser.parse_args([])).classifier.fit_at_start is False
 
 
 def test_full_size_stand_in_png_has_a_real_images_byte_size():
@@ -394,3 +398,28 @@ def test_full_size_stand_in_png_has_a_real_images_byte_size():
     assert Image.open(io.BytesIO(a)).size == (256, 128)
     assert 1.2 < len(a) / (256 * 128) < 2.2  # photographs and diffusion images: ~1.5 bytes per pixel
     assert a == b and a is not b  # each image its own bytes, as a worker's would be
+
+
+def test_why_an_image_went_where_it_did():
+    from argusdiff.domain import Assignment, Plan, Strategy
+    from argusdiff.service.explain import explain
+
+    levels = ("k0", "k2", "k4")
+    plan = Plan(
+        version=1, created_s=0.0, strategy=Strategy.AC, levels=levels, assignment={"w0": "k0", "w1": "k2"},
+        share=(0.5, 0.5, 0.0), pasm=((1.0, 0.0, 0.0), (0.25, 0.75, 0.0), (0.25, 0.75, 0.0)),
+        predicted_qpm=10.0, expected_quality=0.99,
+    )  # fmt: skip
+
+    def why(level, optimal, reads=True, reason=""):
+        return explain(Assignment(level=level, reason=reason), plan, optimal=optimal, reads_prompt=reads)
+
+    assert why("k2", "k2") == "the prompt classifier puts this prompt at k2; the plan serves k2 (P = 0.75)"
+    assert why("k0", "k2").endswith("the plan has room at the better level k0 (P = 0.25)")
+    assert why("k2", "k4").endswith("the plan has room at the better level k2 (P = 0.75)")
+    assert why("k2", "k0").endswith("the plan is short of capacity at k0: the faster level k2 (P = 0.00)")
+    assert why("k0", None).startswith("no prompt classifier: the prompt counts as needing the best level;")
+    assert why("k0", None, reads=False).startswith("this policy routes without reading the prompt;")
+    assert why("k0", "k4", reason="minimum quality level").endswith("; minimum quality level: k0")
+    caveat = explain(Assignment(level="k2"), plan, optimal="k2", reads_prompt=True, classifier="fitted at start")
+    assert caveat.startswith("the prompt classifier (fitted at start) puts this prompt at k2")

@@ -207,3 +207,65 @@ def test_the_config_example_in_docs_workers_md_loads(tmp_path):
         registry = ModelRegistry.from_config(settings.workers)
         for name in settings.workers.models:
             assert registry.spec(name).source == settings.workers.models[name]["source"]
+
+
+def test_registry_answers_while_a_model_loads(tmp_path):
+    """A worker's heartbeat reads the loaded models: it must not wait for a load in progress (it
+    used to, and the embedded demo's workers were declared dead while their first model loaded)."""
+    import threading
+
+    from workers.registry import ModelRegistry
+
+    started, release = threading.Event(), threading.Event()
+
+    class SlowLoad(ModelRegistry):
+        def _load_pipeline(self, spec):
+            started.set()
+            release.wait(30)
+            return object()
+
+    reg = SlowLoad(device="cpu", models_dir=tmp_path)
+    loader = threading.Thread(target=reg.load, args=("demo-tiny-sd",))
+    loader.start()
+    assert started.wait(30)
+    answers: list = []
+    reader = threading.Thread(target=lambda: answers.append(reg.loaded()))
+    reader.start()
+    reader.join(10)
+    loaded_during = list(answers)
+    release.set()
+    loader.join(30)
+    assert loaded_during == [()]  # answered at once, while the load was still running
+    assert reg.loaded() == ("demo-tiny-sd",) and reg.load("demo-tiny-sd") is reg.load("demo-tiny-sd")
+
+
+@pytest.mark.integration
+def test_float16_decodes_log_no_casting_warning(demo_models_dir):
+    """The fp16 VAE's upcast per decode and the preview decoder's dtype are set without diffusers'
+    "should be kept in float32" warning (diffusers 0.42 logs it on every `.to(dtype)`)."""
+    import logging
+
+    import torch
+
+    from workers.pipelines import decode
+    from workers.progress import preview_decoder
+    from workers.registry import ModelRegistry
+
+    reg = ModelRegistry(device="cpu", dtype="float16", models_dir=demo_models_dir)
+    model = reg.load("demo-tiny-sdxl")
+    vae = model.pipe.vae
+    vae.config.force_upcast = True  # as SD-XL's fp16 VAE: decoded in float32
+    latents = torch.randn(1, model.pipe.unet.config.in_channels, 8, 8, dtype=torch.float16)
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append  # diffusers' loggers do not propagate to the root (caplog)
+    root = logging.getLogger("diffusers")
+    root.addHandler(handler)
+    try:
+        images = decode(model, latents)
+        partial = preview_decoder(model)(latents)
+    finally:
+        root.removeHandler(handler)
+    assert len(images) == 1 and len(partial) == 1 and vae.dtype == torch.float16
+    noisy = [r.getMessage() for r in records if "kept in float32" in r.getMessage()]
+    assert not noisy, noisy

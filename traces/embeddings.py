@@ -47,6 +47,7 @@ __all__ = [
     "encode_prompts",
     "get_encoder",
     "packaged_vectors",
+    "text_key",
     "write_packaged_vectors",
 ]
 
@@ -96,7 +97,8 @@ def default_cache_dir() -> Path:
     return Path(base) / "argusdiff" / "embeddings"
 
 
-def _text_key(text: str) -> str:
+def text_key(text: str) -> str:
+    """The key a text's vector is cached (and packaged) under: a BLAKE2 hash of its UTF-8."""
     return hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
 
 
@@ -137,7 +139,7 @@ class _DiskCache:
 
 class PackagedVectors:
     """Read-only ``text key -> float32[DIM]`` from the package's ``.npz`` (float16 vectors, the
-    keys :func:`_text_key` gives, the encoder they came from). Empty when the file is absent."""
+    keys :func:`text_key` gives, the encoder they came from). Empty when the file is absent."""
 
     def __init__(self, path: Path = PACKAGED_VECTORS) -> None:
         self.path = path
@@ -171,7 +173,7 @@ def packaged_vectors() -> PackagedVectors:
 
 def write_packaged_vectors(path: Path, texts: Sequence[str], vectors: np.ndarray, model: str) -> None:
     """Write ``texts``' vectors as the packaged table (float16, keyed by text hash)."""
-    keys = np.array([_text_key(t) for t in texts])
+    keys = np.array([text_key(t) for t in texts])
     np.savez_compressed(path, keys=keys, vectors=np.asarray(vectors, dtype=np.float16), model=np.array(model))
 
 
@@ -222,11 +224,14 @@ class PromptEncoder:
             if self._model is None:
                 try:
                     from transformers import AutoModel, AutoTokenizer
+                    from transformers.utils import logging as hf_logging
                 except ImportError:
                     raise EmbeddingError(
                         "encoding prompts needs torch and transformers (pip install argusdiff[models])"
                     ) from None
                 ref = self.model_ref or str(default_model_path())
+                bars = hf_logging.is_progress_bar_enabled()
+                hf_logging.disable_progress_bar()  # no "Loading weights" bar for a 90 MB model
                 try:
                     with MODEL_BUILD_LOCK:
                         self._tokenizer = AutoTokenizer.from_pretrained(ref)
@@ -236,6 +241,9 @@ class PromptEncoder:
                         f"cannot load the prompt encoder {ref!r} (a local folder, or a Hugging Face id available "
                         f"offline): {exc}"
                     ) from None
+                finally:
+                    if bars:
+                        hf_logging.enable_progress_bar()
         return self._tokenizer, self._model
 
     def _run(self, texts: Sequence[str], progress: bool = False) -> np.ndarray:
@@ -280,7 +288,7 @@ class PromptEncoder:
                 raise ConfigError(f"prompt {i} is a {type(t).__name__}, not a string")
         if not texts:
             return np.zeros((0, DIM if not self.model_ref else self.dim), dtype=np.float32)
-        keys = [_text_key(t) for t in texts]
+        keys = [text_key(t) for t in texts]
         found: dict[str, np.ndarray] = {}
         if self.packaged:
             found = packaged_vectors().get_many(keys)

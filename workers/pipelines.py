@@ -128,6 +128,14 @@ def _sync(model: LoadedModel) -> None:
         torch.cuda.synchronize()
 
 
+def cast(module: Any, dtype: torch.dtype) -> Any:
+    """``module`` in ``dtype``, in place, by torch's own ``Module.to``: diffusers' ``ModelMixin.to``
+    (0.42) logs "There are modules in ... that should be kept in float32" on every dtype cast, even
+    for a model that lists no such module, and the fp16 SD-XL VAE's upcast for each decode would log
+    it for every image."""
+    return torch.nn.Module.to(module, dtype=dtype)
+
+
 def decode(model: LoadedModel, latents: torch.Tensor, vae: Any = None) -> list[Any]:
     """Latents → PIL images with the model's VAE (fp16 SD-XL VAEs are upcast as the pipeline does),
     or with ``vae`` (e.g. a tiny preview decoder for partial images)."""
@@ -136,7 +144,7 @@ def decode(model: LoadedModel, latents: torch.Tensor, vae: Any = None) -> list[A
     with model.lock, torch.inference_mode():
         upcast = vae.dtype == torch.float16 and bool(getattr(vae.config, "force_upcast", False))
         if upcast:
-            vae.to(dtype=torch.float32)
+            cast(vae, torch.float32)
         lat = latents.to(device=vae.device, dtype=vae.dtype)
         mean = getattr(vae.config, "latents_mean", None)
         std = getattr(vae.config, "latents_std", None)
@@ -148,7 +156,7 @@ def decode(model: LoadedModel, latents: torch.Tensor, vae: Any = None) -> list[A
             lat = lat / vae.config.scaling_factor
         image = vae.decode(lat, return_dict=False)[0]
         if upcast:
-            vae.to(dtype=torch.float16)
+            cast(vae, torch.float16)
         return pipe.image_processor.postprocess(image, output_type="pil")
 
 

@@ -197,8 +197,12 @@ def _build_preview(model: Any) -> Callable[[Any], list[Any]]:
 
 
 def _tiny_autoencoder(model: Any, source: str) -> Any:
+    import diffusers
     import torch
     from diffusers import AutoencoderTiny
+
+    from workers.pipelines import cast
+    from workers.registry import dtype_keyword
 
     pipe = model.pipe
     dtype = pipe.vae.dtype
@@ -215,6 +219,8 @@ def _tiny_autoencoder(model: Any, source: str) -> Any:
                 num_decoder_blocks=(1,) * blocks,
                 latent_channels=channels,
             )
-    else:
-        tiny = AutoencoderTiny.from_pretrained(source, torch_dtype=dtype)
-    return tiny.to(device=pipe.vae.device, dtype=dtype).eval()
+        if dtype != torch.float32:
+            cast(tiny, dtype)
+    else:  # loaded in the model's dtype, not cast after (diffusers warns about casting)
+        tiny = AutoencoderTiny.from_pretrained(source, **{dtype_keyword(diffusers.__version__): dtype})
+    return tiny.to(device=pipe.vae.device).eval()

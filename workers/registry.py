@@ -331,7 +331,10 @@ class ModelRegistry:
             raise ValueError("max_loaded must be >= 1")
         self.max_loaded = max_loaded
         self._loaded: OrderedDict[str, LoadedModel] = OrderedDict()
+        # _lock guards the loaded set (held for moments: a heartbeat reads it while a model loads);
+        # _load_lock makes loads one at a time
         self._lock = threading.RLock()
+        self._load_lock = threading.RLock()
         self.load_times: dict[str, float] = {}
 
     @classmethod
@@ -400,6 +403,11 @@ class ModelRegistry:
             if name in self._loaded:
                 self._loaded.move_to_end(name)
                 return self._loaded[name]
+        with self._load_lock:
+            with self._lock:  # loaded by another thread while this one waited
+                if name in self._loaded:
+                    self._loaded.move_to_end(name)
+                    return self._loaded[name]
             spec = self.spec(name)
             t0 = time.perf_counter()
             from argusdiff.loading import MODEL_BUILD_LOCK
@@ -408,10 +416,11 @@ class ModelRegistry:
                 pipe = self._load_pipeline(spec)
             load_s = time.perf_counter() - t0
             loaded = LoadedModel(spec=spec, pipe=pipe, device=self.device, dtype=self.torch_dtype_name(), load_s=load_s)
-            self._loaded[name] = loaded
-            self.load_times[name] = load_s
-            while len(self._loaded) > self.max_loaded:
-                self._loaded.popitem(last=False)
+            with self._lock:
+                self._loaded[name] = loaded
+                self.load_times[name] = load_s
+                while len(self._loaded) > self.max_loaded:
+                    self._loaded.popitem(last=False)
             return loaded
 
     def _load_pipeline(self, spec: ModelSpec) -> Any:

@@ -65,6 +65,8 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         data["profile"] = DEFAULT_PROFILE
         if svc.get("fallback_profile") is None:
             svc["fallback_profile"] = DEFAULT_FALLBACK  # the demo shows the AC -> SM switch too
+        if data["classifier"].get("fit_at_start") is None:
+            data["classifier"]["fit_at_start"] = True  # the demo routes by prompt
     try:
         return Settings.model_validate(data)
     except ValidationError as exc:

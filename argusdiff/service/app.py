@@ -85,20 +85,32 @@ def policy_options(settings: Settings, profile: Profile, fallback: Profile | Non
 
 
 def load_classifier(settings: Settings, profile: Profile) -> Any:
-    """The batched level classifier for the profile's strategy (``[classifier] models``), or None."""
+    """The batched level classifier for the profile's strategy (``[classifier] models``); else,
+    with ``[classifier] fit_at_start``, one fitted now on the packaged prompt embeddings
+    (:mod:`classifiers.first_start`); else None."""
+    cfg = settings.classifier
     strategy = next(iter(sorted(profile.strategies)), Strategy.AC)
-    path = settings.classifier.models.get(strategy.value)
-    if path is None:
+    path = cfg.models.get(strategy.value)
+    if path is None and not cfg.fit_at_start:
         return None
     from classifiers.level import BatchedClassifier, LevelClassifier
 
-    clf = LevelClassifier.load(
-        path,
-        level_ids=profile.ids,
-        precision=settings.classifier.precision,
-        threads=settings.classifier.threads,
-    )
-    return BatchedClassifier(clf, max_batch=settings.classifier.max_batch, max_wait_s=settings.classifier.max_wait_s)
+    if path is None:
+        from classifiers.first_start import fit_at_start
+
+        clf = fit_at_start(
+            profile,
+            strategy=strategy.value,
+            ratio=cfg.ratio,
+            max_length=cfg.max_length,
+            seed=settings.traces.quality_seed,
+            precision=cfg.precision,
+            threads=cfg.threads,
+        )
+        log.info("level classifier: %s (hold-out accuracy %.2f)", clf.description, clf.meta.report["holdout_accuracy"])
+    else:
+        clf = LevelClassifier.load(path, level_ids=profile.ids, precision=cfg.precision, threads=cfg.threads)
+    return BatchedClassifier(clf, max_batch=cfg.max_batch, max_wait_s=cfg.max_wait_s)
 
 
 class Service:
@@ -273,12 +285,17 @@ class Service:
             return self.drift.status()
         if not self.policy.uses_classifier:
             return None
-        return {
+        meta = getattr(getattr(self.classifier, "classifier", None), "meta", None)
+        report = getattr(meta, "report", None) or {}
+        status = {
             "version": int(getattr(self.classifier, "version", 1)),
             "retrains": 0,
             "kind": getattr(self.classifier, "description", None) or ("trained" if self.classifier else "none"),
             "drift": None,
         }
+        if "holdout_accuracy" in report:  # fitted at start: what it learned from
+            status.update({k: report[k] for k in ("holdout_accuracy", "label_counts", "labels") if k in report})
+        return status
 
     def _cache_view(self, cache: Any) -> Any:
         """The router's cache-similarity view (:mod:`argusdiff.service.similarity`) for a policy

@@ -27,6 +27,7 @@ from argusdiff.config import ServiceConfig
 from argusdiff.domain import ApproxLevel, Assignment, Plan, Profile, Request, Tier, level_catalogue, tier_rank
 from argusdiff.policies.base import FLOOR_UNMET, Policy, RouteView
 from argusdiff.service.errors import ApiError, QueueUnavailable
+from argusdiff.service.explain import explain
 from argusdiff.service.health import CacheHealth
 from argusdiff.service.metrics import ServiceMetrics
 from argusdiff.service.ports import PromptClassifier, PromptSimilarity, RouterDispatch
@@ -58,6 +59,7 @@ class Submission:
     deadline_s: float  # wall clock
     spec: GenerationSpec
     arrival_s: float = 0.0  # wall clock
+    why: tuple[str, ...] = ()  # per image: why it went where it did (argusdiff.service.explain)
 
     def record(self) -> dict[str, Any]:
         return {
@@ -66,6 +68,7 @@ class Submission:
             "request_ids": list(self.request_ids),
             "levels": list(self.levels),
             "optimal_levels": list(self.optimal_levels),
+            "why": list(self.why),
             "deadline_s": self.deadline_s,
             "arrival_s": self.arrival_s,
             "response_format": self.spec.response_format,
@@ -107,6 +110,8 @@ class Router:
         self.metrics = metrics
         self.config = config
         self.classifier = classifier if policy.uses_classifier else None
+        # what to know of the classifier's readings (e.g. fitted at start on synthetic labels): in each `why`
+        self.classifier_caveat: str | None = getattr(self.classifier, "caveat", None)
         # the cache-similarity view (argusdiff.service.similarity), for policies that read it
         self.similarity = similarity if policy.uses_cache_similarity else None
         # both: one encoder pass per prompt for the two (argusdiff.service.prompt_pass)
@@ -381,6 +386,7 @@ class Router:
         embedding_text = encode_embedding(embedding) if embedding is not None else None
         items: list[WorkItem] = []
         levels: list[str] = []
+        why: list[str] = []
         for i in range(spec.n):
             rid = f"{gid}-{i}"
             seed = None if spec.seed is None else (spec.seed + i) % (2**32)
@@ -434,6 +440,16 @@ class Router:
                 )
             )
             levels.append(level)
+            why.append(
+                explain(
+                    assignment,
+                    plan,
+                    optimal=optimal,
+                    reads_prompt=self.policy.uses_classifier,
+                    tier=spec.tier.value,
+                    classifier=self.classifier_caveat,
+                )
+            )
             # count it as load at once so the next image of the same request sees it (given back
             # by submit() unless the request is accepted)
             self.level_load[level] += 1
@@ -448,6 +464,7 @@ class Router:
             deadline_s=now + slo,
             spec=spec,
             arrival_s=now,
+            why=tuple(why),
         )
         if spec.wait:
             self.dispatch.expect(sub.request_ids)

@@ -412,6 +412,7 @@ class NativeImage(Image):
     level: str
     requested_level: str | None = None
     optimal_level: str | None = None
+    why: str | None = None
     worker: str | None = None
     seed: int | None = None
     cache_hit: bool = False

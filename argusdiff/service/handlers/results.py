@@ -69,6 +69,7 @@ async def native_body(api: Api, gid: str, record: dict, results: list[WorkResult
     for i, res in enumerate(results):
         entry = await image_entry(api, res, record, request)
         optimal = (record.get("optimal_levels") or [None] * (i + 1))[i]
+        why = (record.get("why") or [None] * (i + 1))[i]
         latency = max(0.0, res.finished_s - float(created)) if res.finished_s and created is not None else None
         slo_met = res.finished_s <= float(deadline) if res.finished_s and deadline is not None else None
         data.append(
@@ -77,6 +78,7 @@ async def native_body(api: Api, gid: str, record: dict, results: list[WorkResult
                 level=res.level,
                 requested_level=res.requested_level,
                 optimal_level=optimal,
+                why=why,
                 worker=res.worker_id,
                 seed=res.seed,
                 cache_hit=res.cache_hit,
