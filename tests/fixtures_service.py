@@ -49,7 +49,7 @@ class RedisServer:
     def start(self) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
-            pytest.skip("redis-server is not installed")
+            pytest.skip("redis-server is not installed (apt-get install redis-server)")
         self.proc = subprocess.Popen(
             [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes",
              "--appendfsync", "always", "--dir", str(self.workdir), "--protected-mode", "no"],

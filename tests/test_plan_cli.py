@@ -20,7 +20,7 @@ def run(capsys, *argv):
 def test_plan_text(capsys):
     code, out, _ = run(capsys, "--profile", "sdxl-ac-a100", "--gpus", "8", "--load-qpm", "180")
     assert code == 0
-    assert "expected mean quality 0.9328" in out
+    assert "expected mean quality 0.9328 by level" in out
     assert "PASM" in out
     table = out.split("PASM")[0]
     lines = {ln.split()[0]: ln.split() for ln in table.splitlines() if ln.startswith("sdxl-k")}
@@ -156,6 +156,31 @@ def test_plan_zero_gpus(capsys):
     assert code == 0
     data = json.loads(out)
     assert data["saturated"] and data["shortfall_qpm"] == 10
+    assert data["pasm"] is None and data["expected_quality_by_prompt"] is None
+    code, out, _ = run(capsys, "--profile", "sdxl-ac-a100", "--gpus", "0", "--load-qpm", "10")
+    lines = out.splitlines()
+    assert code == 0 and "no GPUs: nothing to solve" in lines[0] and "via none" not in out
+    assert lines[1].startswith("SATURATED: short by 10.0 QPM")  # first, not after a table
+    assert "expected quality: none" in out and "PASM P(" not in out and "1.0000" not in out
+    code, out, _ = run(capsys, "--profile", "unified-a100", "--gpus", "0", "--load-qpm", "10")
+    assert code == 0 and "expected quality: none, in-SLO share: none" in out and "100.0%" not in out
+
+
+def test_ac_and_unified_plans_report_quality_on_one_named_scale(capsys):
+    """The AC plan prints its mean by level and by prompt; the unified plan's expected quality is
+    the by-prompt reading, and both agree for the same allocation of the same levels."""
+    code, out, _ = run(capsys, "--profile", "sdxl-ac-a100", "--gpus", "8", "--load-qpm", "120", "--json")
+    assert code == 0
+    ac = json.loads(out)
+    assert ac["expected_quality"] == pytest.approx(0.9948, abs=1e-4)
+    assert ac["expected_quality_by_prompt"] == pytest.approx(1.0)
+    code, out, _ = run(capsys, "--profile", "unified-a100", "--gpus", "8", "--load-qpm", "120", "--json")
+    assert code == 0
+    unified = json.loads(out)
+    assert {p["id"]: p["workers"] for p in unified["paths"] if p["workers"]} == {"sdxl-k0": 4, "sdxl-k5": 4}
+    assert unified["expected_quality"] == pytest.approx(ac["expected_quality_by_prompt"], abs=1e-4)
+    _code, out, _ = run(capsys, "--profile", "sdxl-ac-a100", "--gpus", "8", "--load-qpm", "180")
+    assert "0.9328 by level" in out and "by prompt" in out
 
 
 def test_backend_flag_is_honoured(capsys):

@@ -423,3 +423,17 @@ def test_why_an_image_went_where_it_did():
     assert why("k0", "k4", reason="minimum quality level").endswith("; minimum quality level: k0")
     caveat = explain(Assignment(level="k2"), plan, optimal="k2", reads_prompt=True, classifier="fitted at start")
     assert caveat.startswith("the prompt classifier (fitted at start) puts this prompt at k2")
+
+
+def test_status_prints_plan_writes_as_wall_clock_times():
+    from argusdiff.service.cluster import format_status
+
+    status = {
+        "mode": "redis",
+        "routers": {},
+        "workers": {},
+        "plan_writes": [{"version": 7, "token": 3, "router": "r1", "created_s": 1795786345.3934}],
+    }
+    text = format_status(status)
+    assert "v7      token 3    by r1  at 2026-11-27 13:32:25.393 UTC" in text
+    assert "1795786345" not in text

@@ -21,6 +21,19 @@ def test_trace_list(capsys):
     names = {g["name"] for g in out["generators"]}
     assert {"poisson", "bursty", "diagonal", "diurnal", "azure"} <= names
     assert "proteus" in out["file_formats"]
+    examples = {g["name"]: g["example"] for g in out["generators"]}
+    for name, example in examples.items():  # each generator's own example, one that generates
+        if not name.startswith("shape:"):
+            assert example.startswith(f"{name}:"), (name, example)
+            assert cli.main(["trace", "show", example]) == 0, example
+    capsys.readouterr()
+
+
+def test_profiles_table_is_aligned(capsys):
+    assert cli.main(["profiles"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(ln.startswith("unified-a100") for ln in lines)
+    assert len({ln.index(" levels ") for ln in lines}) == 1, lines
 
 
 def test_trace_show_and_gen(capsys, tmp_path):

@@ -425,7 +425,12 @@ GENERATORS: dict[str, _Generator] = {
         ("shape", "low", "high", "peak", "duration", "point", "start", "length"),
     ),
 }
-GENERATORS["constant"] = GENERATORS["poisson"]
+GENERATORS["constant"] = _Generator(
+    "the same as poisson: Poisson arrivals at a constant rate",
+    "constant:qpm=120,duration=30m",
+    _gen_poisson,
+    GENERATORS["poisson"].keys,
+)
 GENERATORS["azure"] = _Generator(
     "the Azure Functions 2019 hourly shape (shipped), scaled to a QPM range",
     "azure:low=50,high=600,duration=800m",

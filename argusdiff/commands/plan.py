@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections.abc import Sequence
 
 from argusdiff.errors import ConfigError
 
@@ -166,6 +167,20 @@ def _formulation(args: argparse.Namespace, settings) -> str:
     return args.formulation
 
 
+def _quality_by_prompt(profile, affinity: Sequence[float], pasm) -> float:
+    """The plan's expected quality relative to each prompt's optimal level (ARGUS: no loss at or
+    above it, ``quality(served) / quality(optimal)`` below): ``sum_i H_i sum_j PASM_ij q_ij``, the
+    measure the unified plan reports (:func:`solver.paths.class_quality_model`)."""
+    from solver.paths import class_quality_model
+
+    q = class_quality_model(profile.levels)
+    total = float(sum(affinity)) or 1.0
+    return sum(
+        h / total * sum(p * q[i][j] for j, p in enumerate(row))
+        for i, (h, row) in enumerate(zip(affinity, pasm, strict=True))
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     from argusdiff.config import load_settings
     from argusdiff.profile import load_profile
@@ -201,11 +216,9 @@ def run(args: argparse.Namespace) -> int:
         margin=args.margin,
         time_limit_s=settings.solver.time_limit_s,
     )
-    pasm = (
-        oda(affinity, alloc.share)
-        if args.gpus > 0
-        else tuple(tuple(1.0 if i == j else 0.0 for j in range(len(profile.ids))) for i in range(len(profile.ids)))
-    )
+    served = args.gpus > 0
+    pasm = oda(affinity, alloc.share) if served else None
+    by_prompt = _quality_by_prompt(profile, affinity, pasm) if pasm is not None else None
     if args.json:
         out = {
             "profile": profile.name,
@@ -213,16 +226,23 @@ def run(args: argparse.Namespace) -> int:
             "load_qpm": args.load_qpm,
             "margin": args.margin,
             "affinity": list(affinity),
-            "pasm": [list(r) for r in pasm],
+            "pasm": [list(r) for r in pasm] if pasm is not None else None,
             **alloc.to_dict(),
+            "expected_quality_by_prompt": by_prompt,
         }
         print(json.dumps(out, indent=2))
         return 0
     print(
         f"{profile.name} on {profile.gpu}: {args.gpus} GPUs, load {args.load_qpm:g} QPM"
         + (f" x margin {args.margin:g}" if args.margin != 1 else "")
-        + f"; {alloc.formulation} formulation via {alloc.backend}, {alloc.solve_s * 1000:.1f} ms"
+        + (
+            f"; {alloc.formulation} formulation via {alloc.backend}, {alloc.solve_s * 1000:.1f} ms"
+            if served
+            else "; no GPUs: nothing to solve"
+        )
     )
+    if not served:
+        print(f"SATURATED: short by {alloc.shortfall_qpm:.1f} QPM: no GPU serves anything")
     width = max(len(i) for i in profile.ids) + 2
     print(f"{'level':<{width}}{'workers':>8}{'QPM/worker':>12}{'load QPM':>10}{'F(v)':>8}{'H(v)':>8}{'quality':>9}")
     for i, lv in enumerate(profile.levels):
@@ -230,7 +250,17 @@ def run(args: argparse.Namespace) -> int:
             f"{lv.id:<{width}}{alloc.counts[i]:>8}{lv.peak_qpm:>12.2f}{alloc.loads_qpm[i]:>10.1f}"
             f"{alloc.share[i]:>8.3f}{affinity[i]:>8.3f}{lv.quality:>9.3f}"
         )
-    print(f"capacity {alloc.capacity_qpm:.1f} QPM; expected mean quality {alloc.expected_quality:.4f}")
+    if pasm is None:
+        print("capacity 0.0 QPM; expected quality: none (nothing is served); PASM: none")
+        return 0
+    print(
+        f"capacity {alloc.capacity_qpm:.1f} QPM; expected mean quality {alloc.expected_quality:.4f} by level "
+        "(F(v) x quality(v): relative to the best level)"
+    )
+    print(
+        f"expected quality {by_prompt:.4f} by prompt (relative to each prompt's optimal level, through the PASM: "
+        "the unified plan's measure)"
+    )
     if current is not None:
         print(f"moved workers: {alloc.moved_workers} (switch cost {alloc.switch_cost:.1f})")
     if alloc.saturated:
@@ -357,10 +387,13 @@ def _run_unified(args, profile, settings, backend) -> int:
             f"{p:<{width}}{up.path_strategy[p].value:>9}{share[up.levels.index(p)]:>8.3f}{counts.get(p, 0):>9}  {extra}"
         )
     print("workers per model: " + ", ".join(f"{m} {n}" for m, n in up.counts.items() if n))
-    print(
-        f"expected quality {up.expected_quality:.4f}; in-SLO share per tier: "
-        + ", ".join(f"{t} {g:.1%}" for t, g in up.goodput.items())
-    )
+    if args.gpus == 0:
+        print("expected quality: none, in-SLO share: none (no GPUs: nothing is served)")
+    else:
+        print(
+            f"expected quality {up.expected_quality:.4f} by prompt (relative to each prompt's optimal level, as the "
+            "AC plan's 'by prompt'); in-SLO share per tier: " + ", ".join(f"{t} {g:.1%}" for t, g in up.goodput.items())
+        )
     if up.saturated:
         print(f"SATURATED: {up.shortfall_qpm:.1f} QPM left unplanned (lowest tiers first)")
     for note in up.notes:

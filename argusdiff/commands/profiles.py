@@ -36,8 +36,10 @@ def run_list(args: argparse.Namespace) -> int:
         )
         return 0
     width = max(len(p.name) for p in profiles)
+    gpu = max(len(p.gpu) for p in profiles)
+    count = max(len(str(len(p.levels))) for p in profiles)
     for p in profiles:
-        print(f"{p.name:<{width}}  {p.gpu:<10}  {len(p.levels)} levels  {p.description}")
+        print(f"{p.name:<{width}}  {p.gpu:<{gpu}}  {len(p.levels):>{count}} levels  {p.description}")
     return 0
 
 

@@ -479,8 +479,15 @@ def format_status(status: dict[str, Any]) -> str:
         lines.append("")
         lines.append("recent plan writes (newest first):")
         for w in writes:
-            lines.append(f"  v{w['version']:<6} token {w['token']:<4} by {w['router']}  at {w['created_s']:.3f}")
+            lines.append(f"  v{w['version']:<6} token {w['token']:<4} by {w['router']}  at {_clock(w['created_s'])}")
     return "\n".join(lines)
+
+
+def _clock(epoch_s: float) -> str:
+    """A wall-clock time as people read it: ``2026-11-27 13:52:25.393 UTC``."""
+    whole = math.floor(epoch_s)
+    millis = min(999, round((epoch_s - whole) * 1000))
+    return f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(whole))}.{millis:03d} UTC"
 
 
 def service_status(service: Any) -> dict[str, Any]:
