@@ -62,7 +62,10 @@ def test_embedded_demo_routes_by_prompt_says_why_and_starts_quietly(live_service
 
     settings = demo_model_settings(demo_models_dir, tmp_path / "cache", policy="argus", workers=2).model_dump()
     settings["classifier"].update(fit_at_start=True, precision="float32")
-    settings["service"].update(fallback_profile="demo-cpu-sm")
+    # a heartbeat every second (the default) and a patient timeout, not the test settings' 0.1 s / 1 s:
+    # a loaded CI machine may stall a thread for a second (tests/test_workers_registry.py checks that
+    # a model load does not block heartbeats)
+    settings["service"].update(fallback_profile="demo-cpu-sm", heartbeat_s=1.0, worker_timeout_s=10.0)
     records: list[logging.LogRecord] = []
     handler = logging.Handler(logging.WARNING)
     handler.emit = records.append  # diffusers' and transformers' loggers do not reach caplog
