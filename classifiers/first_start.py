@@ -21,6 +21,7 @@ trains one on measured quality.
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -96,6 +97,7 @@ def fit_at_start(
     from classifiers.level import LevelClassifier
     from traces.synthetic import synthetic_quality_table
 
+    t0 = time.perf_counter()
     prompts, vectors = _packaged_set()
     if table is None:
         table = synthetic_quality_table(prompts, profile, seed=seed)
@@ -105,6 +107,7 @@ def fit_at_start(
     n = len(profile.ids)
     weights = fit_linear_head(vectors, labels.index, n)
     accuracy = holdout_accuracy(vectors, labels.index, n, seed=seed)
+    fit_s = time.perf_counter() - t0  # labels and both fits, not the MiniLM load below
     clf = LevelClassifier.new(
         profile.ids,
         profile=profile.name,
@@ -135,6 +138,7 @@ def fit_at_start(
             "label_counts": {lv: int(c) for lv, c in zip(profile.ids, labels.counts(), strict=True)},
             "holdout_accuracy": round(accuracy, 4),
             "ridge": RIDGE,
+            "fit_s": round(fit_s, 3),
         },
     )
     return clf

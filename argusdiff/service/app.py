@@ -107,7 +107,11 @@ def load_classifier(settings: Settings, profile: Profile) -> Any:
             precision=cfg.precision,
             threads=cfg.threads,
         )
-        log.info("level classifier: %s (hold-out accuracy %.2f)", clf.description, clf.meta.report["holdout_accuracy"])
+        report = clf.meta.report
+        log.info(
+            "level classifier: %s (hold-out accuracy %.2f; labels and fit %.2f s)",
+            clf.description, report["holdout_accuracy"], report["fit_s"],
+        )  # fmt: skip
     else:
         clf = LevelClassifier.load(path, level_ids=profile.ids, precision=cfg.precision, threads=cfg.threads)
     return BatchedClassifier(clf, max_batch=cfg.max_batch, max_wait_s=cfg.max_wait_s)
