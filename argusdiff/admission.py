@@ -223,6 +223,14 @@ class Admission:
             return Decision(False, CAPPED, self._retry((queued - cap + 1) * per_item / workers), finish)
         return Decision(True, ADMIT_REASON, 0.0, finish)
 
+    def image_interval(self, level_id: str, *, plan: Plan, workers: int) -> float:
+        """Seconds between two images finishing at ``level_id`` when ``workers`` serve it at full
+        batches (0.0: unknown level or no worker): how fast its backlog drains."""
+        lat = self._latencies(plan, level_id)
+        if lat is None or workers <= 0:
+            return 0.0
+        return lat[-1] / len(lat) / workers
+
     def most_admitted(self, level_id: str, *, plan: Plan, workers: int, slo_s: float) -> int:
         """The largest backlog (``queued``) of ``level_id`` served by ``workers`` at which a request
         arriving now with ``slo_s`` passes the deadline test (−1: none does, the level is too slow

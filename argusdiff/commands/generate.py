@@ -57,6 +57,11 @@ def run(args: argparse.Namespace) -> int:
     from argusdiff.errors import ConfigError
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from argusdiff.service.schemas import prompt_problem
+
+    problem = prompt_problem(args.prompt, load_settings(args.config).service.max_prompt_chars)
+    if problem is not None:  # the API's rule (a 400 there)
+        raise ConfigError(f"argument prompt {problem[1]}")
     profile = _profile(args.profile)
     if args.level is None:
         level = profile.best

@@ -275,7 +275,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def parse_tiers(text: str | None) -> dict[str, float]:
-    """``--tiers``: tier=share pairs (interactive, standard, batch), normalised."""
+    """``--tiers``: tier=share pairs (interactive, standard, batch): fractions of the demand in
+    [0, 1] that sum to 1 (within 0.01). A mix that does not is refused, not normalised: a share of
+    2 is a typo or a count, and silently rescaling it would plan for a mix nobody asked for."""
     if text is None:
         return {}
     out: dict[str, float] = {}
@@ -284,10 +286,19 @@ def parse_tiers(text: str | None) -> dict[str, float]:
         name = name.strip()
         if not sep or name not in ("interactive", "standard", "batch"):
             raise ConfigError(f"--tiers: expected tier=share with tier interactive, standard or batch, got {part!r}")
-        out[name] = _affinity_value(raw, "--tiers", "shares")
+        if name in out:
+            raise ConfigError(f"--tiers: tier {name} is given twice")
+        share = out[name] = _affinity_value(raw, "--tiers", "shares")
+        if share > 1:
+            raise ConfigError(f"--tiers: {name}={raw.strip()}: a share is a fraction of the demand in [0, 1]")
     total = sum(out.values())
     if total <= 0:
         raise ConfigError("--tiers: at least one share must be > 0")
+    if abs(total - 1.0) > 0.01:
+        raise ConfigError(
+            f"--tiers: the shares must sum to 1 (fractions of the demand), they sum to {total:g}; "
+            "e.g. interactive=0.2,standard=0.5,batch=0.3"
+        )
     return {k: v / total for k, v in out.items() if v > 0}
 
 

@@ -36,6 +36,7 @@ _REJECTED = {
     401: ("missing or invalid API key", s.ErrorResponse),
     408: ("the request body did not arrive within body_timeout_s", s.ErrorResponse),
     413: ("request body too large", s.ErrorResponse),
+    415: ("the body's Content-Type is not accepted here (JSON endpoints: application/json)", s.ErrorResponse),
     429: ("overloaded, or no capacity at the requested quality; nothing was accepted; see Retry-After",
           s.ErrorResponse),
     503: ("no worker serves a level yet, shutting down, the queue is unavailable, or the accepted work was lost; "
@@ -91,6 +92,8 @@ OPERATIONS: tuple[Operation, ...] = (
               {200: ("the cluster (argusdiff status)", "application/json"),
                503: ("redis unavailable", s.ErrorResponse)}),
     Operation("/healthz", "get", "healthz", "Liveness", {200: ("alive", s.Health)}, secured=False),
+    Operation("/health", "get", "health", "Liveness (the vLLM / TGI name of /healthz)", {200: ("alive", s.Health)},
+              secured=False),
     Operation("/readyz", "get", "readyz", "Readiness: at least one worker serves a level",
               {200: ("ready", s.Readiness), 503: ("not ready; `reason` says why", s.Readiness)}, secured=False),
     Operation("/metrics", "get", "metrics", "Prometheus metrics", {200: ("Prometheus text format", "text/plain")},

@@ -155,6 +155,9 @@ class Router:
         dispatch.on_done = self.on_done
         dispatch.on_handoff = self.on_handoff
         self.handoffs: Counter[str] = Counter()  # cascade hand-offs by decision: heavy, dropped, kept
+        # per level: the wall-clock time the next refused request is told to retry at (a burst's
+        # Retry-After values are spread over the time the level needs to absorb the retries)
+        self._retry_slots: dict[str, float] = {}
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -358,6 +361,18 @@ class Router:
             headers={"Retry-After": str(max(1, math.ceil(retry_after_s)))},
         )
 
+    def _retry_slot(self, level: str, plan: Plan, retry_s: float, now: float, n: int) -> float:
+        """``Retry-After`` of a refusal at ``level``: admission's time until the backlog has drained
+        enough, pushed back behind the retries already promised at the level, so a burst of refused
+        clients is told to come back spread over the time the level needs to absorb them (one image
+        interval each), not all at the same second."""
+        workers = len(self.admission.workers(plan, level, self.up or None))
+        step = self.admission.image_interval(level, plan=plan, workers=workers) * max(1, n)
+        cap = float(self.admission.config.max_retry_after_s)
+        slot = min(now + cap, max(now + retry_s, self._retry_slots.get(level, 0.0)))
+        self._retry_slots[level] = slot + step
+        return slot - now
+
     def _admit(self, level: str, plan: Plan, now: float, slo: float, rank: int) -> Decision:
         """Admission (:mod:`argusdiff.admission`) of one image routed to ``level``: the level's
         in-flight images of its tier or a higher one (this request's earlier images included; workers
@@ -418,7 +433,8 @@ class Router:
             decision = self._admit(level, plan, now, slo, rank)
             if not decision.admitted:
                 why = f"{decision.reason} at {level}"
-                raise self._refuse(spec, why, decision.reason, decision.retry_after_s, now, optimal)
+                retry = self._retry_slot(level, plan, decision.retry_after_s, now, spec.n)
+                raise self._refuse(spec, why, decision.reason, retry, now, optimal)
             meta = {"tier": spec.tier.value, "group": gid, "size": spec.size, **spec.item_meta()}
             if optimal is not None:
                 meta["optimal_level"] = optimal

@@ -44,6 +44,7 @@ __all__ = [
     "NativeImage",
     "parse_native",
     "parse_openai",
+    "prompt_problem",
     "request_models",
     "size_table",
 ]
@@ -135,11 +136,27 @@ def _seconds(value: Any) -> Any:
         raise PydanticCustomError("invalid_value", "the number is too large") from None
 
 
-def _prompt(value: str) -> str:
+def prompt_problem(value: str, max_chars: int | None = None) -> tuple[str, str] | None:
+    """What is wrong with a prompt, as ``(code, message)``, or None: the one rule of the API and the
+    CLI (``argusdiff generate``): not empty or blank, no NUL, valid Unicode (no lone surrogate), at
+    most ``max_chars`` characters."""
     if not value.strip():
-        raise PydanticCustomError("empty_prompt", "must not be empty or blank")
+        return "empty_prompt", "must not be empty or blank"
     if "\x00" in value:
-        raise PydanticCustomError("invalid_value", "must not contain NUL characters")
+        return "invalid_value", "must not contain NUL characters"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "invalid_value", "is not valid Unicode text (it holds a lone surrogate)"
+    if max_chars is not None and len(value) > max_chars:
+        return "string_above_max_length", f"is too long: at most {max_chars} characters"
+    return None
+
+
+def _prompt(value: str) -> str:
+    problem = prompt_problem(value)
+    if problem is not None:
+        raise PydanticCustomError(*problem)
     return value
 
 
@@ -271,10 +288,20 @@ class GenerationSpec:
         return {"output_format": self.output_format, "output_compression": self.output_compression, "size": self.size}
 
 
+def shown_key(key: str) -> str:
+    """A JSON key as an error message can show it: a key holding a lone surrogate (``"\\ud800"``
+    in the body) cannot be written as UTF-8, so it is shown with that character escaped."""
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        return key.encode("utf-8", "backslashreplace").decode("utf-8")
+    return key
+
+
 def _message(err: dict[str, Any], model: type[BaseModel]) -> tuple[str | None, str, str]:
     """(param, message, code) of one pydantic error."""
     loc = err.get("loc") or ()
-    param = str(loc[0]) if loc else None
+    param = shown_key(str(loc[0])) if loc else None
     kind = err.get("type", "")
     if kind in ("model_type", "model_attributes_type", "dict_type"):
         return None, "the request body must be a JSON object", "invalid_body"
@@ -283,6 +310,10 @@ def _message(err: dict[str, Any], model: type[BaseModel]) -> tuple[str | None, s
         return param, f"unrecognized request argument supplied: {param} (accepted: {accepted})", "unknown_parameter"
     if kind == "missing":
         return param, f"'{param}' is required", "missing_required_parameter"
+    if kind == "string_unicode" and not loc and isinstance(err.get("input"), str):  # a key, not a value
+        key = shown_key(err["input"])
+        message = f"the request body has a key that is not valid Unicode text (it holds a lone surrogate): {key}"
+        return key, message, "invalid_value"
     if kind == "string_unicode":
         return param, f"'{param}' is not valid Unicode text (it holds a lone surrogate)", "invalid_value"
     if kind == "string_too_long":

@@ -25,7 +25,18 @@ from argusdiff.service.idempotency import IdempotentSubmit
 from argusdiff.service.metrics import ServiceMetrics
 from argusdiff.service.router import Router
 
-__all__ = ["CLIENT_CLOSED", "Api", "ClientGone", "EventStream", "Handler", "disconnected", "dump"]
+__all__ = [
+    "CLIENT_CLOSED",
+    "IMAGE_POST_ROUTES",
+    "JSON_TYPES",
+    "Api",
+    "ClientGone",
+    "EventStream",
+    "Handler",
+    "check_content_type",
+    "disconnected",
+    "dump",
+]
 
 log = logging.getLogger("argusdiff.api")
 
@@ -35,6 +46,30 @@ CLIENT_CLOSED = 499  # nginx's "client closed request": counted, never sent
 
 class ClientGone(Exception):
     """The client disconnected (mid-body, while waiting or streaming)."""
+
+
+#: media types of a JSON body (``application/json``, or any ``+json`` type)
+JSON_TYPES = ("application/json",)
+#: the POST-only routes under ``/v1/images/``: a GET of one answers 405, not "no such image"
+IMAGE_POST_ROUTES = ("generations", "edits")
+
+
+def check_content_type(request: Request, accepted: tuple[str, ...]) -> str:
+    """The body's media type when it is one of ``accepted`` (a ``+json`` type counts as
+    ``application/json``); none sent counts as the first. Else 415 naming the header."""
+    header = request.headers.get("content-type")
+    if header is None or not header.strip():
+        return accepted[0]
+    media = header.split(";", 1)[0].strip().lower()
+    if media in accepted or ("application/json" in accepted and media.endswith("+json")):
+        return media
+    shown = media[:80].encode("ascii", "backslashreplace").decode("ascii")
+    raise ApiError(
+        415,
+        f"Content-Type {shown!r} is not accepted here: send {' or '.join(accepted)}",
+        param="Content-Type",
+        code="unsupported_media_type",
+    )
 
 
 def error_response(exc: ApiError) -> JSONResponse:
@@ -178,6 +213,7 @@ class Api:
         return b"".join(chunks)
 
     async def read_json(self, request: Request) -> Any:
+        check_content_type(request, JSON_TYPES)
         cfg = self.config
         try:
             async with asyncio.timeout(cfg.body_timeout_s):

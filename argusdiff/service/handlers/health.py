@@ -58,6 +58,8 @@ def routes(api: Api) -> list[Route]:
     document = openapi_document(api.limits, auth=bool(api.keys))
     return [
         Route("/healthz", api.endpoint("healthz", partial(healthz, api)), methods=["GET"]),
+        # the vLLM / TGI name of the same probe
+        Route("/health", api.endpoint("health", partial(healthz, api)), methods=["GET"]),
         Route("/readyz", api.endpoint("readyz", partial(readyz, api)), methods=["GET"]),
         Route("/metrics", api.endpoint("metrics", partial(metrics_endpoint, api)), methods=["GET"]),
         Route("/openapi.json", api.endpoint("openapi", partial(openapi_endpoint, document)), methods=["GET"]),

@@ -15,7 +15,7 @@ from starlette.routing import Route
 
 from argusdiff.service import schemas as s
 from argusdiff.service.errors import ApiError
-from argusdiff.service.handlers.base import Api, dump
+from argusdiff.service.handlers.base import IMAGE_POST_ROUTES, Api, dump
 from argusdiff.service.handlers.work import check_results
 from argusdiff.service.images import CONTENT_TYPES, ImageStoreUnavailable, check_image_id, encode, read_image
 from workers.messages import WorkResult
@@ -127,6 +127,13 @@ async def get_generation(api: Api, request: Request) -> Response:
 async def get_image(api: Api, request: Request) -> Response:
     dispatch = api.dispatch
     key = request.path_params["image_id"]
+    if key in IMAGE_POST_ROUTES:  # GET /v1/images/generations: the route exists, for POST only
+        raise ApiError(
+            405,
+            f"method GET not allowed on {request.url.path}: POST it",
+            code="method_not_allowed",
+            headers={"Allow": "POST"},
+        )
     try:
         check_image_id(key)
     except ValueError:
