@@ -43,6 +43,9 @@ FLOOR = ("diffusers==0.30.0", "transformers==4.44.2", "huggingface_hub==0.24.6",
 
 CHECK = r"""
 import json, sys
+# the host's peft (a [models] dependency) is newer than the floor's huggingface_hub: diffusers 0.30
+# imports it when it is present, so the floor runs as an install without peft would
+sys.modules["peft"] = None
 import diffusers, torch, transformers
 from workers.registry import ModelRegistry, dtype_keyword
 models_dir, folder = sys.argv[1], sys.argv[2]
