@@ -288,6 +288,9 @@ class ServiceConfig(_Section):
         256.0, gt=0, description="router memory for finished results and their images; the oldest are evicted beyond it"
     )
     body_timeout_s: float = Field(30.0, gt=0, description="longest a client may take to send its request body (408)")
+    sse_ping_s: float = Field(
+        15.0, gt=0, description="a stream silent this long (queued, or a long step) gets an SSE comment `: ping`"
+    )
     image_store: Literal["auto", "local", "s3"] = Field(
         "auto",
         description="where `url` and not-yet-collected images go: a local folder or S3 (presigned URLs); "

@@ -123,6 +123,27 @@ def test_a_streaming_client_that_goes_away_cancels_its_work(live_service):
     assert wait_until(gone, 10)
 
 
+def test_a_stream_waiting_in_the_queue_gets_sse_pings(live_service):
+    """One stand-in worker busy with a long image: a stream queued behind it hears an SSE comment
+    every ``sse_ping_s`` (here 0.05 s instead of 15 s) until its first step, so a proxy's read
+    timeout never cuts it; the official client ignores the comments and gets its image."""
+    server = live_service(service_settings(workers=1, stand_in_scale=0.3, sse_ping_s=0.05))
+    busy = httpx.post(f"{server.url}/v1/argusdiff/generations", json={"prompt": "a long one", "wait": False})
+    assert busy.status_code == 202
+    body = {"prompt": "a queued one", "stream": True, "response_format": "b64_json"}
+    lines: list[str] = []
+    with httpx.stream("POST", f"{server.url}/v1/images/generations", json=body, timeout=60) as r:
+        for line in r.iter_lines():
+            lines.append(line)
+            if line.startswith("event: image_generation.completed"):
+                break
+    first_event = next(i for i, ln in enumerate(lines) if ln.startswith("event:"))
+    pings = [ln for ln in lines[:first_event] if ln == ": ping"]
+    assert len(pings) >= 2, lines[: first_event + 1]
+    out = _collect(_client(server).images.generate(prompt="after", stream=True))
+    assert len(out["image_generation.completed"]) == 1
+
+
 @pytest.mark.slow
 def test_partial_images_are_decoded_from_the_latents_of_real_pipelines(live_service, demo_models_dir, tmp_path):
     from PIL import Image

@@ -31,6 +31,7 @@ from cache.api import (
     LatentMeta,
     decode_embedding,
 )
+from workers.cancel import Cancelled, CancelWatch
 from workers.errors import LatentMismatch, WorkerError
 from workers.messages import WorkItem, WorkResult
 from workers.pipelines import check_resumable, generate, latent_shape, resume
@@ -199,7 +200,11 @@ class ApproxCacheExecutor(ModelExecutor):
                     [seeds[i] for i in hits],
                     steps=self.level.steps,
                     on_step=self.reporter([items[i] for i in hits], start=k),
+                    cancel=CancelWatch([items[i] for i in hits]),
                 )
+            except Cancelled as exc:
+                for i, res in zip(hits, self.cancelled([items[i] for i in hits], exc, started), strict=True):
+                    results[i] = res
             except LatentMismatch:
                 self.stats["mismatches"] += len(hits)
                 misses = sorted(misses + hits)
@@ -218,14 +223,20 @@ class ApproxCacheExecutor(ModelExecutor):
         if misses:
             self.stats["misses"] += len(misses)
             capture = self.capture_ks if (self.store_latents and embeddings is not None) else ()
-            gen = generate(
-                model,
-                [items[i].prompt for i in misses],
-                [seeds[i] for i in misses],
-                steps=self.level.steps,
-                capture=capture,
-                on_step=self.reporter([items[i] for i in misses]),
-            )
+            try:
+                gen = generate(
+                    model,
+                    [items[i].prompt for i in misses],
+                    [seeds[i] for i in misses],
+                    steps=self.level.steps,
+                    capture=capture,
+                    on_step=self.reporter([items[i] for i in misses]),
+                    cancel=CancelWatch([items[i] for i in misses]),
+                )
+            except Cancelled as exc:  # nothing captured is stored: the run stopped early
+                for i, res in zip(misses, self.cancelled([items[i] for i in misses], exc, started), strict=True):
+                    results[i] = res
+                misses = []
             for j, i in enumerate(misses):
                 error = lookups[i]["error"]
                 if capture and error is None:

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from argusdiff.domain import ApproxLevel
+from workers.cancel import Cancelled, CancelWatch
 from workers.messages import WorkItem, WorkResult, handoff_item
 from workers.pipelines import generate, refine_from_latent
 from workers.registry import ModelRegistry
@@ -104,9 +105,11 @@ class CascadeExecutor(ModelExecutor):
             return []
         started = time.time()
         seeds = seeds_of(items)
-        gen = generate(
-            self.loaded, [i.prompt for i in items], seeds, steps=self.level.steps, on_step=self.reporter(items)
-        )
+        try:
+            gen = generate(self.loaded, [i.prompt for i in items], seeds, steps=self.level.steps,
+                           on_step=self.reporter(items), cancel=CancelWatch(items))  # fmt: skip
+        except Cancelled as exc:
+            return self.cancelled(items, exc, started)
         t0 = time.perf_counter()
         conf = list(self.judge(gen.images))
         judge_s = time.perf_counter() - t0

@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from workers.cancel import CANCELLED, Cancelled, cancelled_result, cancels_from
 from workers.messages import LevelExecutor, WorkItem, WorkResult
 from workers.queue import WorkQueue
 
@@ -46,6 +47,7 @@ class WorkerStats:
     processed: int = 0
     failed: int = 0
     handed_off: int = 0
+    cancelled: int = 0  # requests cancelled before they started or stopped mid-run
     switches: int = 0
     busy_s: float = 0.0
     switch_s: list[float] = field(default_factory=list)  # time to build each new level's executor
@@ -141,6 +143,7 @@ class Worker:
             "processed": self.stats.processed,
             "failed": self.stats.failed,
             "handed_off": self.stats.handed_off,
+            "cancelled": self.stats.cancelled,
             "switches": self.stats.switches,
             "busy_s": self.stats.busy_s,
             "last_error": self.last_error,
@@ -203,6 +206,8 @@ class Worker:
         if result.handoff is not None:
             # Cascade: the light image was rejected; the router's policy decides what follows
             self.stats.handed_off += 1
+        elif result.error_type == CANCELLED:
+            self.stats.cancelled += 1
         elif result.error is not None:
             self.stats.failed += 1
         else:
@@ -232,11 +237,19 @@ class Worker:
             for item in items:
                 self.queue.nack(item)
             return 0
+        check = getattr(self.queue, "cancelled", None)
+        if check is not None:  # cancelled while queued (a cancel that missed the queue entry)
+            items = self._skip_cancelled(items, check)
+            if not items:
+                return 0
         t0 = time.perf_counter()
         try:
-            results = executor.run(items)
+            with cancels_from(check):
+                results = executor.run(items)
             if len(results) != len(items):
                 raise RuntimeError(f"executor returned {len(results)} results for {len(items)} requests")
+        except Cancelled as exc:  # an executor that does not answer per request: the whole batch
+            results = [cancelled_result(item, exc) for item in items]
         except Exception as exc:
             log.exception("worker %s: batch of %d on %s failed", self.worker_id, len(items), level)
             self.last_error = f"{type(exc).__name__}: {exc}"
@@ -246,6 +259,17 @@ class Worker:
         for item, result in zip(items, results, strict=True):
             self._publish(item, result)
         return len(items)
+
+    def _skip_cancelled(self, items: list[WorkItem], check: Any) -> list[WorkItem]:
+        """``items`` without the cancelled ones, whose (imageless) results are published at once."""
+        try:
+            gone = check([item.request_id for item in items])
+        except Exception:  # the transport hiccuped: run them (a cancelled result is dropped)
+            return items
+        for item in items:
+            if item.request_id in gone:
+                self._publish(item, cancelled_result(item))
+        return [item for item in items if item.request_id not in gone]
 
     def _next_batch(self, level: str) -> tuple[str, list[WorkItem]]:
         """The next batch: from this worker's level, or, with AC siblings, from its level and

@@ -28,10 +28,12 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from workers.cancel import Cancelled, CancelWatch
 from workers.errors import LatentMismatch, UnsupportedScheduler
 from workers.registry import AC_SCHEDULERS, LoadedModel
 
 __all__ = [
+    "Cancelled",
     "Generation",
     "StepObserver",
     "UnetCounter",
@@ -160,6 +162,34 @@ def decode(model: LoadedModel, latents: torch.Tensor, vae: Any = None) -> list[A
         return pipe.image_processor.postprocess(image, output_type="pil")
 
 
+class _Stop:
+    """A run's side of a :class:`~workers.cancel.CancelWatch`: after each step, interrupt the
+    pipeline (diffusers skips the steps left) once the batch is cancelled; then raise."""
+
+    def __init__(self, cancel: CancelWatch | None) -> None:
+        self.cancel = cancel if cancel is not None and cancel.active else None
+        self.steps: int | None = None  # steps done when the run was interrupted
+
+    @property
+    def active(self) -> bool:
+        return self.cancel is not None
+
+    def after(self, pipe: Any, done: int) -> bool:
+        """After step ``done``: True (and the pipeline's interrupt set) when the run must stop."""
+        if self.cancel is None or self.steps is not None:
+            return self.steps is not None
+        if self.cancel.requested():
+            self.steps = done
+            if pipe is not None:
+                pipe._interrupt = True  # diffusers' own flag: the loop skips every step left
+            return True
+        return False
+
+    def raise_if_stopped(self, n: int, unet_calls: int) -> None:
+        if self.steps is not None:
+            raise Cancelled(f"cancelled after {self.steps} of {n} steps", steps=self.steps, unet_calls=unet_calls)
+
+
 def generate(
     model: LoadedModel,
     prompts: Sequence[str],
@@ -170,9 +200,11 @@ def generate(
     capture: Sequence[int] = (),
     decode_images: bool = True,
     on_step: StepObserver | None = None,
+    cancel: CancelWatch | None = None,
 ) -> Generation:
     """Run all N steps for a batch; with ``capture``, keep the latents after each K in it; with
-    ``on_step``, report every step (streamed requests, :mod:`workers.progress`)."""
+    ``on_step``, report every step (streamed requests, :mod:`workers.progress`); with ``cancel``,
+    stop at the next step once the batch is cancelled (:class:`workers.cancel.Cancelled`)."""
     spec = model.spec
     n = steps or spec.steps
     ks = sorted({int(k) for k in capture if 0 < int(k) < n})
@@ -180,6 +212,7 @@ def generate(
         check_resumable(model)
     captured: dict[int, torch.Tensor] = {}
     report = on_step is not None and on_step.active
+    stop = _Stop(cancel)
 
     def on_step_end(pipe: Any, i: int, t: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
         done = i + 1
@@ -187,6 +220,7 @@ def generate(
             captured[done] = kwargs["latents"].detach().clone()
         if report:
             on_step.step(done, kwargs["latents"])
+        stop.after(pipe, done)
         return kwargs
 
     pipe = model.pipe
@@ -203,12 +237,13 @@ def generate(
             width=spec.width,
             generator=_generators(model, seeds),
             output_type="latent",
-            callback_on_step_end=on_step_end if ks or report else None,
+            callback_on_step_end=on_step_end if ks or report or stop.active else None,
             callback_on_step_end_tensor_inputs=["latents"],
         )
         latents = out.images
         _sync(model)
         denoise_s = time.perf_counter() - t0
+    stop.raise_if_stopped(n, counter.calls)
     gen = Generation(latents=latents, captured=captured, unet_calls=counter.calls, denoise_s=denoise_s)
     if decode_images:
         t1 = time.perf_counter()
@@ -252,6 +287,7 @@ def _resume_sd(
     guidance: float,
     gens: list,
     on_step: StepObserver | None = None,
+    stop: _Stop | None = None,
 ) -> torch.Tensor:
     pipe = model.pipe
     sched = pipe.scheduler
@@ -286,6 +322,8 @@ def _resume_sd(
         latents = sched.step(noise_pred, t, latents, **extra, return_dict=False)[0]
         if on_step is not None:
             on_step.step(done, latents)
+        if stop is not None and stop.after(None, done):
+            break
     return latents
 
 
@@ -300,9 +338,10 @@ def resume(
     guidance: float | None = None,
     decode_images: bool = True,
     on_step: StepObserver | None = None,
+    cancel: CancelWatch | None = None,
 ) -> Generation:
     """Continue latents captured after ``k`` of N steps for ``prompts``: runs exactly N−K steps
-    (``on_step`` reports steps K+1..N)."""
+    (``on_step`` reports steps K+1..N; ``cancel`` stops it as in :func:`generate`)."""
     spec = model.spec
     n = steps or spec.steps
     if not 0 < k < n:
@@ -314,6 +353,7 @@ def resume(
     g = spec.guidance if guidance is None else guidance
     gens = _generators(model, seeds)
     report = on_step if on_step is not None and on_step.active else None
+    stop = _Stop(cancel)
     with model.lock, UnetCounter(model.pipe) as counter, torch.inference_mode():
         t0 = time.perf_counter()
         if report is not None:
@@ -332,7 +372,9 @@ def resume(
                 )
 
             def on_step_end(pipe: Any, i: int, t: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
-                report.step(k + i + 1, kwargs["latents"])  # type: ignore[union-attr]
+                if report is not None:
+                    report.step(k + i + 1, kwargs["latents"])
+                stop.after(pipe, k + i + 1)
                 return kwargs
 
             with report.watch(img2img.scheduler) if report is not None else contextlib.nullcontext():
@@ -344,15 +386,16 @@ def resume(
                     guidance_scale=g,
                     generator=gens,
                     output_type="latent",
-                    callback_on_step_end=on_step_end if report is not None else None,
+                    callback_on_step_end=on_step_end if report is not None or stop.active else None,
                     callback_on_step_end_tensor_inputs=["latents"],
                 )
             final = out.images
         else:
             with report.watch(model.pipe.scheduler) if report is not None else contextlib.nullcontext():
-                final = _resume_sd(model, prompts, lat, k, n, g, gens, report)
+                final = _resume_sd(model, prompts, lat, k, n, g, gens, report, stop)
         _sync(model)
         denoise_s = time.perf_counter() - t0
+    stop.raise_if_stopped(n, counter.calls)
     gen = Generation(latents=final, unet_calls=counter.calls, denoise_s=denoise_s)
     if decode_images:
         t1 = time.perf_counter()

@@ -17,6 +17,9 @@ Delivery contract:
   transport's result store, :class:`argusdiff.service.transport.protocol.ResultStore`).
 * ``qsize(level_id)`` counts queued (not pending) items; ``pending(level_id)`` the taken but
   unacknowledged ones.
+* optional ``cancelled(request_ids) -> set`` says which of them a router cancelled: the worker
+  skips those it takes, and a running batch whose requests are all cancelled stops at its next
+  denoising step (:mod:`workers.cancel`).
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from argusdiff.domain import ApproxLevel
+from workers.cancel import Cancelled, CancelWatch, cancelled_result
 from workers.messages import TIMING_KEYS, WorkItem, WorkResult
 from workers.pipelines import default_seed, generate, to_png
 from workers.progress import StepReporter
@@ -58,6 +59,11 @@ class ModelExecutor:
             **kw,
         )
 
+    @staticmethod
+    def cancelled(items: Sequence[WorkItem], exc: Cancelled, started: float) -> list[WorkResult]:
+        """The results of a batch whose run stopped because every request was cancelled."""
+        return [cancelled_result(item, exc, queue_wait_s=queue_wait(item, started)) for item in items]
+
     def reporter(self, items: Sequence[WorkItem], *, start: int = 0) -> StepReporter:
         """Step events of the batch's streamed items (:mod:`workers.progress`)."""
         return StepReporter(self.loaded, items, steps=self.level.steps, start=start, level=self.level_id)
@@ -68,7 +74,11 @@ class ModelExecutor:
         started = time.time()
         model = self.loaded
         seeds = seeds_of(items)
-        gen = generate(model, [i.prompt for i in items], seeds, steps=self.level.steps, on_step=self.reporter(items))
+        try:
+            gen = generate(model, [i.prompt for i in items], seeds, steps=self.level.steps,
+                           on_step=self.reporter(items), cancel=CancelWatch(items))  # fmt: skip
+        except Cancelled as exc:  # every request of the batch was cancelled: stopped at a step
+            return self.cancelled(items, exc, started)
         return [
             self._result(
                 item,

@@ -23,7 +23,11 @@ import zlib
 from collections.abc import Callable, Sequence
 
 from argusdiff.domain import ApproxLevel
+from workers.cancel import Cancelled, CancelWatch, cancelled_result
 from workers.messages import WorkItem, WorkResult, handoff_item
+
+#: a stand-in batch at least this long sleeps step by step and stops when it is cancelled
+CANCEL_STEPS_FROM_S = 0.05
 
 __all__ = ["StandInExecutor", "solid_png"]
 
@@ -109,7 +113,10 @@ class StandInExecutor:
         _ = self.loaded
         start = time.time()
         busy = self.level.latency(len(items)) * self.scale
-        self._steps(items, busy)
+        try:
+            self._steps(items, busy)
+        except Cancelled as exc:
+            return [cancelled_result(item, exc) for item in items]
         if self.judge is not None and self.judge_s > 0:
             self._sleep(self.judge_s * self.scale)
         self.batches += 1
@@ -158,7 +165,10 @@ class StandInExecutor:
 
         sink = current_sink()
         streams = streamed(items) if sink is not None else []
-        if not streams:
+        # a batch that may be cancelled sleeps step by step, as a model would check after each step
+        # (not below 50 ms: load tests' tiny scales keep one sleep per batch)
+        watch = CancelWatch(items) if busy >= CANCEL_STEPS_FROM_S else None
+        if not streams and (watch is None or not watch.active):
             self._sleep(busy)
             return
         n = max(1, self.level.steps)
@@ -167,6 +177,8 @@ class StandInExecutor:
             sink(rid, {"type": "progress", "step": start, "steps": n, "level": self.level_id})
         for done in range(start + 1, n + 1):
             self._sleep(busy / (n - start))
+            if watch is not None and watch.requested():
+                raise Cancelled(f"cancelled after {done} of {n} steps", steps=done, unet_calls=done - start)
             for j, rid, partials in streams:
                 sink(rid, {"type": "progress", "step": done, "steps": n, "level": self.level_id})
                 at = partial_steps(start, n, partials)

@@ -44,6 +44,7 @@ from argusdiff.service.idempotency import current_guard
 from argusdiff.service.images import ImageStore, encode, image_id
 from argusdiff.service.transport.memory import LocalWorkQueue, ResultMemory
 from argusdiff.service.transport.protocol import summarize
+from workers.cancel import CANCELLED
 from workers.messages import WorkItem, WorkResult
 
 __all__ = ["Delivery", "Dispatch", "LocalDispatch", "RedisDispatch"]
@@ -170,28 +171,40 @@ class Dispatch:
             raise
         return list(done)
 
-    async def cancel(self, request_ids: Iterable[str]) -> list[str]:
-        """The client went away: take the items out of their queues where no worker has started
-        them (returned, and reported to :attr:`on_forget`); the others' results will be dropped."""
-        removed = []
+    async def cancel(self, request_ids: Iterable[str]) -> tuple[list[str], list[str]]:
+        """Cancel the items (the client went away, or ``DELETE``): each is taken out of its queue
+        where no worker has started it (reported to :attr:`on_forget`); the others are stopped
+        where they run (the worker's denoising loop stops at its next step, see
+        :mod:`workers.cancel`) and their results are dropped. Items this router does not follow
+        (another router's, in Redis mode) are stopped through the transport all the same. A client
+        still waiting for one gets its cancelled result. Returns (taken out, stopped)."""
+        removed, stopping = [], []
         for rid in request_ids:
             d = self._deliveries.get(rid)
             if d is None:
+                stopping.append(rid)
                 continue
+            self._resolve(d, WorkResult(request_id=rid, level=d.level, error="cancelled", error_type=CANCELLED))
             d.abandoned, d.future, d.events = True, None, None
-            if not d.queued:
-                continue
-            try:
-                taken = await self._unqueue(rid, d)
-            except Exception as exc:  # the transport is down: the result will be dropped when it comes
-                log.warning("cannot take %s out of its queue: %s", rid, exc)
-                taken = False
+            taken = False
+            if d.queued:
+                try:
+                    taken = await self._unqueue(rid, d)
+                except Exception as exc:  # the transport is down: stopped below, or dropped when it comes
+                    log.warning("cannot take %s out of its queue: %s", rid, exc)
             if taken:
                 self._deliveries.pop(rid, None)
                 removed.append(rid)
+            else:
+                stopping.append(rid)
+        if stopping:
+            try:
+                await self._stop(stopping)
+            except Exception as exc:  # their results are dropped when they come
+                log.warning("cannot stop %d running images: %s", len(stopping), exc)
         if removed and self.on_forget is not None:
             self.on_forget(removed, "cancelled")
-        return removed
+        return removed, stopping
 
     def waiting(self) -> int:
         """Items a client is waiting for."""
@@ -332,6 +345,13 @@ class Dispatch:
         """Take a queued item out if no worker has started it."""
         return False
 
+    async def _stop(self, request_ids: list[str]) -> None:
+        """Tell the workers that these items are cancelled (skip them, or stop running them)."""
+
+    async def mark_record(self, request_id: str, fields: dict[str, Any]) -> dict | None:
+        """Add ``fields`` to the request's record (e.g. ``status: cancelled``); None when it is gone."""
+        raise NotImplementedError
+
     async def enqueue(self, items: list[WorkItem], record: tuple[str, dict, float]) -> None:
         raise NotImplementedError
 
@@ -389,6 +409,17 @@ class LocalDispatch(Dispatch):
 
     async def _unqueue(self, request_id: str, d: Delivery) -> bool:
         return self._queue.cancel(request_id)
+
+    async def _stop(self, request_ids: list[str]) -> None:
+        self._queue.stop(request_ids)
+
+    async def mark_record(self, request_id: str, fields: dict[str, Any]) -> dict | None:
+        record = self._records.get(request_id)
+        if record is None:
+            return None
+        record = {**record, **fields}
+        self._records.set(request_id, record)
+        return record
 
     async def enqueue(self, items: list[WorkItem], record: tuple[str, dict, float]) -> None:
         rid, data, _ttl = record
@@ -575,6 +606,12 @@ class RedisDispatch(Dispatch):
 
     async def _unqueue(self, request_id: str, d: Delivery) -> bool:
         return d.entry is not None and await self.aio.cancel(d.level, d.entry)
+
+    async def _stop(self, request_ids: list[str]) -> None:
+        await self.aio.request_cancel(request_ids, self.result_ttl_s)
+
+    async def mark_record(self, request_id: str, fields: dict[str, Any]) -> dict | None:
+        return await self.aio.update_record(request_id, fields)
 
     async def _rewrite(self, request_id: str, result: WorkResult) -> None:
         try:

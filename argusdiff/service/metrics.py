@@ -45,6 +45,13 @@ class ServiceMetrics:
         self.workers_up = Gauge("argusdiff_workers_up", "Workers with a recent heartbeat", registry=r)
         self.workers_at = Gauge("argusdiff_workers_at_level", "Workers assigned to each level", ["level"], registry=r)
         self.requeued = Counter("argusdiff_requeued", "Work items re-queued from dead workers", registry=r)
+        self.cancels = Counter(
+            "argusdiff_cancels",
+            "Images cancelled, by how (delete: DELETE of the generation; disconnect: the client went away) and "
+            "where they were (queued: taken out of the queue; running: stopped where a worker runs them)",
+            ["how", "stage"],
+            registry=r,
+        )
         self.cascade_handoffs = Counter(
             "argusdiff_cascade_handoffs",
             "Cascade deferrals by the policy's decision (heavy: redone at the heavy level)",

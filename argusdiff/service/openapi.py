@@ -73,10 +73,19 @@ OPERATIONS: tuple[Operation, ...] = (
     ),
     Operation(
         "/v1/argusdiff/generations/{id}", "get", "getGeneration", "Status or result of an accepted generation",
-        {200: ("completed", s.NativeGeneration), 202: ("still queued or running", s.GenerationAccepted),
+        {200: ("completed, or cancelled", (s.NativeGeneration, s.GenerationCancelled)),
+         202: ("still queued or running", s.GenerationAccepted),
          401: _REJECTED[401], 404: ("unknown or expired id", s.ErrorResponse),
          410: ("finished, but its image is no longer kept (it was delivered)", s.ErrorResponse),
          500: ("a worker failed the image", s.ErrorResponse)},
+        path_params=("id",),
+    ),
+    Operation(
+        "/v1/argusdiff/generations/{id}", "delete", "cancelGeneration",
+        "Cancel a generation: queued images leave the queue, running ones stop at their next denoising step",
+        {200: ("cancelled (also when it already was)", s.GenerationCancelled), 401: _REJECTED[401],
+         404: ("unknown or expired id", s.ErrorResponse),
+         409: ("every image has already finished", s.ErrorResponse)},
         path_params=("id",),
     ),
     Operation(

@@ -34,6 +34,7 @@ from argusdiff.service.ports import PromptClassifier, PromptSimilarity, RouterDi
 from argusdiff.service.prompt_pass import PromptPass
 from argusdiff.service.schemas import GenerationSpec, Limits
 from cache.api import EMBEDDING_META_KEY, CacheUnavailable, encode_embedding
+from workers.cancel import CANCELLED
 from workers.messages import WorkItem, WorkResult
 
 __all__ = ["Router", "Submission"]
@@ -529,17 +530,19 @@ class Router:
         level = s.get("level") or (fl.level if fl else "unknown")
         ok = bool(s.get("ok"))
         dropped = s.get("error_type") == DROPPED
+        cancelled = s.get("error_type") == CANCELLED
         if fl is not None:
             self.level_load[fl.level] = max(0, self.level_load[fl.level] - 1)
             self.tier_load[fl.level, fl.rank] = max(0, self.tier_load[fl.level, fl.rank] - 1)
             self.metrics.queue_depth.labels(fl.level).set(self.level_load[fl.level])
-            if not dropped:
+            if not dropped and not cancelled:
                 self.metrics.latency.labels(level).observe(max(0.0, now - fl.arrival_s))
                 if now > fl.deadline_s:
                     self.metrics.slo_violations.labels(level).inc()
                 self.policy.on_served(level, now - fl.arrival_s, ok and now <= fl.deadline_s)
         self.completed += 1
-        self.metrics.requests.labels(level, "dropped" if dropped else "ok" if ok else "error").inc()
+        outcome = "dropped" if dropped else "cancelled" if cancelled else "ok" if ok else "error"
+        self.metrics.requests.labels(level, outcome).inc()
         lookup = float(s.get("lookup_s", 0.0)) + float(s.get("fetch_s", 0.0))
         if s.get("cache_error"):
             self.cache_health.record(None, error=True)

@@ -36,6 +36,7 @@ __all__ = [
     "OPENAI_SIZES",
     "ErrorResponse",
     "GenerationAccepted",
+    "GenerationCancelled",
     "GenerationSpec",
     "Image",
     "ImagesResponse",
@@ -474,6 +475,19 @@ class GenerationAccepted(_Response):
     done: int
     n: int
     levels: list[str]
+
+
+class GenerationCancelled(_Response):
+    """``DELETE /v1/argusdiff/generations/{id}`` → 200, and ``GET`` of a cancelled generation: its
+    images not finished when it was cancelled were taken out of the queue or stopped where they
+    ran (``done``: images that had finished before)."""
+
+    id: str
+    created: int
+    status: Literal["cancelled"] = "cancelled"
+    done: int
+    n: int
+    cancelled_at: float
 
 
 class _ImageEvent(_Response):

@@ -81,6 +81,7 @@ class ServiceWorker:
             "resident": list(w.status().get("loaded_models") or []),
             "done": w.stats.processed,
             "failed": w.stats.failed,
+            "cancelled": w.stats.cancelled,
             "plan_version": self.plan_version,
             "pid": os.getpid(),
             "host": socket.gethostname(),

@@ -110,6 +110,12 @@ class EventStream(Response):
         self.run = run
         self.final_status = 200
 
+    @staticmethod
+    async def ping(emit: Callable[[str, dict], Awaitable[None]]) -> None:
+        """An SSE comment line (``: ping``): keeps proxies (nginx's read timeout) from cutting a
+        stream that waits in the queue; clients ignore it."""
+        await emit("", {})
+
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
         gone = asyncio.Event()
@@ -122,7 +128,10 @@ class EventStream(Response):
         async def emit(name: str, data: dict) -> None:
             if gone.is_set():
                 raise ClientGone
-            chunk = f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+            if not name:  # a comment (EventStream.ping)
+                chunk = b": ping\n\n"
+            else:
+                chunk = f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
             try:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             except OSError:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import time
 from functools import partial
 from typing import Any
 
@@ -16,11 +17,11 @@ from starlette.routing import Route
 from argusdiff.service import schemas as s
 from argusdiff.service.errors import ApiError
 from argusdiff.service.handlers.base import IMAGE_POST_ROUTES, Api, dump
-from argusdiff.service.handlers.work import check_results
+from argusdiff.service.handlers.work import cancel_images, check_results
 from argusdiff.service.images import CONTENT_TYPES, ImageStoreUnavailable, check_image_id, encode, read_image
 from workers.messages import WorkResult
 
-__all__ = ["accepted", "image_entry", "native_body", "routes", "served_quality"]
+__all__ = ["accepted", "cancelled_body", "image_entry", "native_body", "routes", "served_quality"]
 
 
 async def image_bytes(api: Api, res: WorkResult, fmt: str, compression: int | None) -> bytes:
@@ -117,11 +118,50 @@ async def get_generation(api: Api, request: Request) -> Response:
         raise ApiError(404, f"no generation {gid!r} (unknown or expired)", param="id", code="not_found")
     rids = list(record["request_ids"])
     results = await dispatch.fetch_results(rids, record)
+    if record.get("status") == "cancelled":
+        return cancelled_body(gid, record, results)
     if len(results) < len(rids):
         return accepted(gid, int(record["created"]), len(results), len(rids), list(record.get("levels", [])))
     ordered = [results[r] for r in rids]
     check_results(api, gid, ordered)
     return JSONResponse(await native_body(api, gid, record, ordered, request))
+
+
+def cancelled_body(gid: str, record: dict, results: dict[str, WorkResult]) -> JSONResponse:
+    done = sum(1 for r in results.values() if r.ok)
+    body = s.GenerationCancelled(
+        id=gid,
+        created=int(record["created"]),
+        done=done,
+        n=len(record["request_ids"]),
+        cancelled_at=float(record.get("cancelled_at") or 0.0),
+    )
+    return JSONResponse(dump(body))
+
+
+async def delete_generation(api: Api, request: Request) -> Response:
+    """Cancel a generation: its queued images leave the queue, its running ones stop at their next
+    denoising step (on whichever worker runs them), and the generation's status becomes
+    ``cancelled``. Cancelling a cancelled one answers the same; a finished one is 409."""
+    api.check_auth(request)
+    dispatch = api.dispatch
+    gid = request.path_params["id"]
+    record = await dispatch.get_record(gid) if len(gid) <= 64 else None
+    if record is None:
+        raise ApiError(404, f"no generation {gid!r} (unknown or expired)", param="id", code="not_found")
+    rids = list(record["request_ids"])
+    results = await dispatch.fetch_results(rids, record)
+    if record.get("status") != "cancelled":
+        pending = [r for r in rids if r not in results]
+        if not pending:
+            raise ApiError(409, f"generation {gid} has already finished: GET it", param="id",
+                           code="generation_finished")  # fmt: skip
+        marked = await dispatch.mark_record(gid, {"status": "cancelled", "cancelled_at": time.time()})
+        if marked is None:
+            raise ApiError(404, f"no generation {gid!r} (unknown or expired)", param="id", code="not_found")
+        record = marked
+        await cancel_images(api, pending, "delete")
+    return cancelled_body(gid, record, results)
 
 
 async def get_image(api: Api, request: Request) -> Response:
@@ -163,6 +203,11 @@ def routes(api: Api) -> list[Route]:
     return [
         Route(
             "/v1/argusdiff/generations/{id}", api.endpoint("generation", partial(get_generation, api)), methods=["GET"]
+        ),
+        Route(
+            "/v1/argusdiff/generations/{id}",
+            api.endpoint("generation_cancel", partial(delete_generation, api)),
+            methods=["DELETE"],
         ),
         Route("/v1/images/{image_id}", api.endpoint("image", partial(get_image, api)), methods=["GET"]),
     ]

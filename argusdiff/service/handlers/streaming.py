@@ -13,10 +13,11 @@ from typing import Any
 
 from argusdiff.service import schemas as s
 from argusdiff.service.errors import ApiError
-from argusdiff.service.handlers.base import CLIENT_CLOSED, Api, ClientGone, dump
-from argusdiff.service.handlers.work import cancel, lost, timed_out
+from argusdiff.service.handlers.base import CLIENT_CLOSED, Api, ClientGone, EventStream, dump
+from argusdiff.service.handlers.work import cancel, cancelled, lost, timed_out
 from argusdiff.service.images import encode
 from argusdiff.service.router import Submission
+from workers.cancel import CANCELLED
 from workers.messages import WorkResult
 
 __all__ = ["Emit", "stream_run"]
@@ -49,20 +50,27 @@ def stream_run(api: Api, sub: Submission, spec: s.GenerationSpec) -> Callable[[E
 
     async def run(emit: Emit, gone: asyncio.Event) -> int:
         deadline = time.monotonic() + api.config.request_timeout_s
+        ping_s = api.config.sse_ping_s
         partials = 0
         watch = asyncio.ensure_future(gone.wait())
+        nxt: asyncio.Future | None = None
         try:
             while True:
-                nxt = asyncio.ensure_future(events.get())
-                await asyncio.wait({nxt, watch}, timeout=deadline - time.monotonic(),
+                if nxt is None:
+                    nxt = asyncio.ensure_future(events.get())
+                left = deadline - time.monotonic()
+                await asyncio.wait({nxt, watch}, timeout=max(0.0, min(left, ping_s)),
                                    return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
                 if not nxt.done():
-                    nxt.cancel()
                     if gone.is_set():
                         raise ClientGone
+                    if time.monotonic() < deadline:  # silent for ping_s (queued, or a long step)
+                        await EventStream.ping(emit)
+                        continue
                     dispatch.detach([rid])
                     return await error(emit, timed_out(api, sub.id))
                 kind, payload = nxt.result()
+                nxt = None
                 if kind == "event" and payload.get("type") == "progress":
                     await emit("argusdiff.progress", dump(s.ProgressEvent(
                         created_at=int(time.time()), step=int(payload["step"]), steps=int(payload["steps"]),
@@ -81,6 +89,8 @@ def stream_run(api: Api, sub: Submission, spec: s.GenerationSpec) -> Callable[[E
                         partials += 1
                 elif kind == "result":
                     res: WorkResult = payload
+                    if res.error_type == CANCELLED:
+                        return await error(emit, cancelled(sub.id))
                     if not res.ok or res.image_png is None:
                         return await error(
                             emit,
@@ -104,5 +114,7 @@ def stream_run(api: Api, sub: Submission, spec: s.GenerationSpec) -> Callable[[E
             return CLIENT_CLOSED
         finally:
             watch.cancel()
+            if nxt is not None:
+                nxt.cancel()
 
     return run

@@ -13,9 +13,10 @@ from argusdiff.service import schemas as s
 from argusdiff.service.errors import ApiError, WorkLost
 from argusdiff.service.handlers.base import Api, ClientGone, disconnected
 from argusdiff.service.router import Submission
+from workers.cancel import CANCELLED
 from workers.messages import WorkResult
 
-__all__ = ["cancel", "check_results", "lost", "submit", "timed_out", "wait_for"]
+__all__ = ["cancel", "cancel_images", "cancelled", "check_results", "lost", "submit", "timed_out", "wait_for"]
 
 log = logging.getLogger("argusdiff.api")
 
@@ -34,12 +35,24 @@ async def submit(api: Api, request: Request, spec: s.GenerationSpec, endpoint: s
 
 
 async def cancel(api: Api, sub: Submission) -> None:
-    if api.idem.keyed(sub):  # sent with an Idempotency-Key: its retry will come for the result
+    """The client went away: its images are cancelled (taken out of the queue, or stopped where
+    they run), unless it sent an Idempotency-Key (its retry will come for the result)."""
+    if api.idem.keyed(sub):
         api.dispatch.detach(list(sub.request_ids))
         return
-    removed = await api.dispatch.cancel(list(sub.request_ids))
-    log.info("generation %s: client gone; %d of %d images taken out of the queue, the rest dropped",
-             sub.id, len(removed), len(sub.request_ids))  # fmt: skip
+    removed, stopped = await cancel_images(api, list(sub.request_ids), "disconnect")
+    log.info("generation %s: client gone; %d of %d images taken out of the queue, %d stopped where they run",
+             sub.id, len(removed), len(sub.request_ids), len(stopped))  # fmt: skip
+
+
+async def cancel_images(api: Api, request_ids: list[str], how: str) -> tuple[list[str], list[str]]:
+    """Cancel images (``how``: ``delete`` or ``disconnect``), counted in ``argusdiff_cancels``."""
+    removed, stopped = await api.dispatch.cancel(request_ids)
+    if removed:
+        api.metrics.cancels.labels(how, "queued").inc(len(removed))
+    if stopped:
+        api.metrics.cancels.labels(how, "running").inc(len(stopped))
+    return removed, stopped
 
 
 async def wait_for(api: Api, request: Request, sub: Submission) -> list[WorkResult]:
@@ -55,6 +68,11 @@ async def wait_for(api: Api, request: Request, sub: Submission) -> list[WorkResu
     waiter.cancel()
     await cancel(api, sub)
     raise ClientGone
+
+
+def cancelled(sub_id: str) -> ApiError:
+    """The 409 of a wait whose generation was cancelled (``DELETE``) meanwhile."""
+    return ApiError(409, f"generation {sub_id} was cancelled", param="id", code="generation_cancelled")
 
 
 def timed_out(api: Api, sub_id: str) -> ApiError:
@@ -82,6 +100,8 @@ def check_results(api: Api, sub_id: str, results: list[WorkResult]) -> None:
     for i, res in enumerate(results):
         if not res.ok:
             kind = res.error_type or "error"
+            if kind == CANCELLED:  # DELETE of the generation while this client waited for it
+                raise cancelled(sub_id)
             if kind == "Dropped":  # the policy dropped it after the light stage (cascade)
                 raise ApiError(
                     429,

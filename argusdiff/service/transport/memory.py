@@ -89,6 +89,7 @@ class InProcessQueue:
         self._cond = threading.Condition()
         self._queues: dict[str, TierQueue] = {}
         self._pending: dict[str, WorkItem] = {}  # receipt -> item
+        self._stopped: set[str] = set()  # request ids cancelled while a worker may run them
         self._seq = 0
         self.delivered = 0
         self.acked = 0
@@ -146,6 +147,21 @@ class InProcessQueue:
         with self._cond:
             return sum(1 for item in self._pending.values() if item.level == level_id)
 
+    def stop(self, request_ids: list[str]) -> None:
+        """Cancel requests a worker may have taken: :meth:`cancelled` says so to the worker, whose
+        run stops at its next step (:mod:`workers.cancel`); forgotten once their result is out."""
+        with self._cond:
+            self._stopped.update(request_ids)
+
+    def cancelled(self, request_ids: list[str]) -> set[str]:
+        """Which of ``request_ids`` were cancelled (:meth:`stop`)."""
+        with self._cond:
+            return self._stopped.intersection(request_ids)
+
+    def _forget_stopped(self, request_id: str) -> None:
+        with self._cond:
+            self._stopped.discard(request_id)
+
     def wake(self) -> None:
         """Wake every blocked ``get`` (used when a worker is asked to stop or switch)."""
         with self._cond:
@@ -164,6 +180,7 @@ class InProcessWorkQueue(InProcessQueue):
     def result(self, request_id: str, result: WorkResult) -> None:
         with self._cond:
             self._results[request_id] = result
+            self._stopped.discard(request_id)
             self._cond.notify_all()
 
     def wait_result(self, request_id: str, timeout: float | None = None) -> WorkResult | None:
@@ -182,6 +199,8 @@ class LocalWorkQueue(InProcessQueue):
         self.on_event: Callable[[str, dict], None] | None = None
 
     def result(self, request_id: str, result: WorkResult) -> None:
+        if result.handoff is None:
+            self._forget_stopped(request_id)
         cb = self.on_result
         if cb is not None:
             cb(request_id, result)

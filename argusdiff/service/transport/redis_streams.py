@@ -77,6 +77,11 @@ class RedisKeys:
         self.plan_view = f"{namespace}:plan:view"
         self.workers_beat = f"{namespace}:workers:beat"  # worker id -> heartbeat expiry (ZSET)
 
+    def cancel(self, request_id: str) -> str:
+        """Set by a router that cancels ``request_id`` (``DELETE`` or a client gone); a worker skips
+        the item when it takes it and stops a running batch whose requests all have one."""
+        return f"{self.ns}:cancel:{request_id}"
+
     def handoff(self, request_id: str) -> str:
         """Set (NX) by the one router that decides a cascade hand-off of ``request_id``."""
         return f"{self.ns}:handoff:{request_id}"
@@ -190,8 +195,11 @@ class RedisWorkQueue:
         result_ttl_s: float = 3600.0,
         claim_idle_s: float = 300.0,
         socket_timeout_s: float = 5.0,
+        cancel_poll_s: float = 0.1,
     ) -> None:
         self.r = client if client is not None else sync_client(url, socket_timeout_s, "RedisWorkQueue")
+        self.cancel_poll_s = cancel_poll_s  # a running batch reads its cancel keys at most this often
+        self._cancel_seen: dict[tuple[str, ...], tuple[float, set[str]]] = {}
         self.keys = RedisKeys(namespace)
         self.consumer = consumer
         self.result_ttl_ms = int(result_ttl_s * 1000)
@@ -340,6 +348,23 @@ class RedisWorkQueue:
             pipe.execute()
 
         self._call(_result)
+
+    def cancelled(self, request_ids: list[str]) -> set[str]:
+        """Which of ``request_ids`` a router cancelled (their ``ns:cancel:<id>`` keys exist). A running
+        batch asks after every step: the answer read within ``cancel_poll_s`` is reused."""
+        ids = tuple(request_ids)
+        if not ids:
+            return set()
+        now = time.monotonic()
+        seen = self._cancel_seen.get(ids)
+        if seen is not None and now - seen[0] < self.cancel_poll_s:
+            return seen[1]
+        found = self._call(self.r.mget, [self.keys.cancel(rid) for rid in ids])
+        gone = {rid for rid, v in zip(ids, found, strict=True) if v is not None}
+        if len(self._cancel_seen) > 64:
+            self._cancel_seen.clear()
+        self._cancel_seen[ids] = (now, gone)
+        return gone
 
     def publish_event(self, request_id: str, event: dict[str, Any]) -> None:
         """A step event of a streamed item, for the router that streams it (best effort)."""
@@ -608,6 +633,27 @@ class AsyncRedisDispatch:
         stream = self.keys.stream(level_id, tier or None)
         res = await self._do(self.r.eval(_CANCEL_QUEUED, 1, stream, self.keys.group, entry_id))
         return bool(res)
+
+    async def request_cancel(self, request_ids: list[str], ttl_s: float) -> None:
+        """Cancel ``request_ids`` wherever they are: a worker skips them when it takes them, and
+        stops a running batch whose requests are all cancelled (``ns:cancel:<id>``, expiring with
+        the results)."""
+        if not request_ids:
+            return
+        pipe = self.r.pipeline(transaction=False)
+        for rid in request_ids:
+            pipe.set(self.keys.cancel(rid), "1", px=max(1, int(ttl_s * 1000)))
+        await self._do(pipe.execute())
+
+    async def update_record(self, request_id: str, fields: dict[str, Any]) -> dict | None:
+        """Add ``fields`` to an accepted request's record, keeping its expiry; None when it is gone."""
+        key = self.keys.request(request_id)
+        raw = await self._do(self.r.get(key))
+        if raw is None:
+            return None
+        data = {**json.loads(raw), **fields}
+        await self._do(self.r.set(key, json.dumps(data), xx=True, keepttl=True))
+        return data
 
     async def events(self):
         """Step events of streamed items: ``(request id, event)`` while subscribed."""
