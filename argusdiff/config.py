@@ -324,6 +324,10 @@ class ServiceConfig(_Section):
         description="SLO multiplier of each tier on the profile's SLO",
     )
     max_slo_s: float = Field(3600.0, gt=0, description="largest per-request SLO a client may ask for")
+    service_tiers: dict[str, Literal["interactive", "standard", "batch"]] = Field(
+        {"auto": "standard", "default": "standard", "flex": "batch", "priority": "interactive", "scale": "interactive"},
+        description="OpenAI `service_tier` values (body field, or the Argusdiff-Tier header) -> argusdiff tiers",
+    )
     cache_latency_threshold_s: float = Field(
         0.25, gt=0, description="median cache lookup latency above which approximate caching switches to SM"
     )
@@ -386,6 +390,31 @@ class AdmissionSection(_Section):
         )
 
 
+class QuotaLimits(_Section):
+    """One tenant's limits (``[quotas] default`` or ``[quotas.keys."<API key>"]``); unset: no limit."""
+
+    requests_per_minute: int | None = Field(
+        None, ge=1, description="requests a minute (a bucket of this many, refilled at this rate)"
+    )
+    images_per_minute: int | None = Field(None, ge=1, description="images a minute (`n` of each request)")
+    concurrent: int | None = Field(None, ge=1, description="generations accepted and not finished")
+
+
+class QuotasSection(_Section):
+    """Per-API-key rate limits and concurrent quotas (``[quotas]``; docs/service.md, "Quotas").
+
+    Kept in process memory (embedded) or the deployment's Redis (distributed); over a limit, 429
+    with Retry-After. ``default`` applies to every key without its own entry in ``keys`` (and to
+    all clients together when no api_keys are set)."""
+
+    default: QuotaLimits = Field(
+        QuotaLimits(), description="limits of every key without its own entry (all clients together without api_keys)"
+    )
+    keys: dict[str, QuotaLimits] = Field(
+        {}, description="limits per API key, as [quotas.default] (each key must be one of [service] api_keys)"
+    )
+
+
 class Settings(_Section):
     """The whole configuration."""
 
@@ -399,6 +428,16 @@ class Settings(_Section):
     replay: ReplayConfig = ReplayConfig()
     service: ServiceConfig = ServiceConfig()
     admission: AdmissionSection = AdmissionSection()
+    quotas: QuotasSection = QuotasSection()
+
+    @model_validator(mode="after")
+    def _quota_keys_are_api_keys(self) -> Settings:
+        unknown = sorted(set(self.quotas.keys) - set(self.service.api_keys))
+        if unknown:
+            raise ValueError(
+                f"quotas.keys: {len(unknown)} key(s) not in service.api_keys (a quota applies to an accepted key)"
+            )
+        return self
 
 
 def _parse_env_value(raw: str) -> Any:
@@ -488,11 +527,15 @@ def reference_markdown() -> str:
         "",
     ]
 
-    def rows(model: type[BaseModel], prefix: str) -> list[str]:
+    def rows(model: type[BaseModel], prefix: str, nested: bool = True) -> list[str]:
         out = []
         for name, info in model.model_fields.items():
             default = info.default
-            if isinstance(default, BaseModel):
+            if isinstance(default, BaseModel):  # a table within the section, then its fields, dotted
+                if nested:
+                    desc = (info.description or "").replace("|", "\\|")
+                    out.append(f"| `{prefix}{name}` | table | | {desc} |")
+                    out += rows(type(default), f"{prefix}{name}.")
                 continue
             shown = "`" + repr(default).replace("|", "\\|") + "`" if default is not None else "unset"
             desc = (info.description or "").replace("|", "\\|")
@@ -501,7 +544,7 @@ def reference_markdown() -> str:
         return out
 
     header = ["| field | type | default | meaning |", "|---|---|---|---|"]
-    lines += ["## Top level", "", *header, *rows(Settings, ""), ""]
+    lines += ["## Top level", "", *header, *rows(Settings, "", nested=False), ""]
     for name, info in Settings.model_fields.items():
         section = info.default
         if not isinstance(section, BaseModel):

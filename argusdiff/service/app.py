@@ -32,6 +32,7 @@ from argusdiff.service.health import CacheHealth
 from argusdiff.service.images import build_image_store
 from argusdiff.service.leader import ClusterControlLoop
 from argusdiff.service.metrics import ServiceMetrics
+from argusdiff.service.quotas import MemoryQuotaStore, Quotas, RedisQuotaStore
 from argusdiff.service.router import Router
 from argusdiff.service.transport.memory import LocalControlStore
 from argusdiff.service.worker import ServiceWorker
@@ -118,6 +119,17 @@ def load_classifier(settings: Settings, profile: Profile) -> Any:
 
 
 class Service:
+    def _quotas(self) -> Quotas:
+        """``[quotas]`` over process memory (embedded) or the deployment's Redis (distributed)."""
+        cfg = self.config
+        if self.dispatch.mode == "redis":
+            store: Any = RedisQuotaStore(self.dispatch.aio.r, self.dispatch.aio.keys)
+        else:
+            store = MemoryQuotaStore()
+        # a slot's backstop expiry (a router that died holding it): as long as a request record lives
+        lease_s = cfg.request_timeout_s + cfg.drain_timeout_s + 60
+        return Quotas(self.settings.quotas, store, retry_after_s=cfg.retry_after_s, lease_s=lease_s)
+
     def __init__(
         self,
         settings: Settings,
@@ -199,6 +211,7 @@ class Service:
             prompt_pass=self.prompt_pass,
         )
         self.dispatch.on_forget = self.router.forget_items
+        self.quotas = self._quotas()
         if cache_probe is None and cache is not None:
             cache_probe = self._probe_latent_cache
         self.factory = executor_factory or ExecutorFactory.from_settings(

@@ -159,6 +159,9 @@ class Router:
         # per level: the wall-clock time the next refused request is told to retry at (a burst's
         # Retry-After values are spread over the time the level needs to absorb the retries)
         self._retry_slots: dict[str, float] = {}
+        # tenants' concurrent slots held by accepted generations (argusdiff.service.quotas)
+        self._lease_of: dict[str, tuple[str, Any]] = {}  # request id -> (generation id, lease)
+        self._lease_left: dict[str, int] = {}  # generation id -> its images still in flight
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -511,10 +514,34 @@ class Router:
         ``WorkLost`` or ``ShuttingDown`` (see :meth:`argusdiff.service.dispatch.Dispatch.wait`)."""
         return await self.dispatch.wait(list(sub.request_ids), timeout)
 
+    def hold(self, sub: Submission, lease: Any) -> None:
+        """``lease`` (a tenant's concurrent slot, :class:`argusdiff.service.quotas.Lease`) is held
+        until every image of ``sub`` is done (finished, cancelled or lost); released at once when
+        none is in flight here (a replayed generation, or one already done)."""
+        left = {rid for rid in sub.request_ids if rid in self.inflight}
+        if not left:
+            lease.release_soon()
+            return
+        for rid in left:
+            self._lease_of[rid] = (sub.id, lease)
+        self._lease_left[sub.id] = len(left)
+
+    def _item_over(self, request_id: str) -> None:
+        """An image of a generation is done: free the generation's concurrent slot with its last."""
+        held = self._lease_of.pop(request_id, None)
+        if held is None:
+            return
+        gid, lease = held
+        self._lease_left[gid] -= 1
+        if self._lease_left[gid] <= 0:
+            del self._lease_left[gid]
+            lease.release_soon()
+
     def forget_items(self, request_ids: list[str], outcome: str) -> None:
         """Bookkeeping for accepted items that will never finish (taken out of their queue after the
         client went away, or lost by the queue): no longer in flight, counted as ``outcome``."""
         for rid in request_ids:
+            self._item_over(rid)
             fl = self.inflight.pop(rid, None)
             if fl is None:
                 continue
@@ -526,6 +553,7 @@ class Router:
     def on_done(self, request_id: str, s: dict) -> None:
         """Bookkeeping for a finished work item (event-loop thread); ``s`` is its summary."""
         now = self.clock()
+        self._item_over(request_id)
         fl = self.inflight.pop(request_id, None)
         level = s.get("level") or (fl.level if fl else "unknown")
         ok = bool(s.get("ok"))

@@ -53,6 +53,14 @@ __all__ = [
 MAX_SEED = 2**32 - 1
 #: The sizes OpenAI's Images API and SDKs use (DALL-E 2/3 and GPT image models).
 OPENAI_SIZES = ("256x256", "512x512", "1024x1024", "1792x1024", "1024x1792", "1536x1024", "1024x1536")
+#: OpenAI ``service_tier`` values and the argusdiff tier each means by default ([service] service_tiers)
+DEFAULT_SERVICE_TIERS = {
+    "auto": "standard",
+    "default": "standard",
+    "flex": "batch",
+    "priority": "interactive",
+    "scale": "interactive",
+}
 #: ``quality`` values that ask for the best level (no approximation).
 BEST_QUALITIES = ("hd", "high")
 
@@ -75,6 +83,8 @@ class Limits:
     max_prompt_chars: int
     max_slo_s: float
     size_map: tuple[tuple[str, str], ...] = ()  # (requested, served): common sizes mapped onto served ones
+    # OpenAI ``service_tier`` values -> argusdiff tiers ([service] service_tiers)
+    service_tiers: tuple[tuple[str, str], ...] = tuple(DEFAULT_SERVICE_TIERS.items())
 
     @classmethod
     def of(cls, config: Any, model: str, levels: tuple[str, ...], sizes: tuple[str, ...]) -> Limits:
@@ -87,7 +97,19 @@ class Limits:
             max_prompt_chars=config.max_prompt_chars,
             max_slo_s=config.max_slo_s,
             size_map=size_table(sizes, map_sizes=config.map_sizes),
+            service_tiers=tuple(sorted(dict(getattr(config, "service_tiers", DEFAULT_SERVICE_TIERS)).items())),
         )
+
+    def tier(self, value: str, param: str) -> Tier:
+        """An argusdiff tier name, or an OpenAI ``service_tier`` value mapped to one (400 naming
+        ``param`` otherwise)."""
+        mapped = dict(self.service_tiers).get(value, value)
+        if mapped in Tier._value2member_map_:
+            return Tier(mapped)
+        names = ", ".join(sorted({*(t.value for t in Tier), *dict(self.service_tiers)}))
+        shown = repr(value[:40]).replace("{", "(").replace("}", ")")
+        raise ApiError(400, f"'{param}': {shown} is not a tier here; use one of {names}", param=param,
+                       code="invalid_value")  # fmt: skip
 
     @property
     def accepted_sizes(self) -> tuple[str, ...]:
@@ -209,6 +231,9 @@ class OpenAIImageRequest(_Common):
     stream: bool | None = Field(None, description="answer with server-sent events (one image: n = 1)")
     partial_images: _int(0, 3) | None = Field(
         None, description="partial images decoded from the intermediate latents while streaming"
+    )
+    service_tier: Text | None = Field(
+        None, description="auto, default, flex, priority, scale ([service] service_tiers) or an argusdiff tier"
     )
 
 
@@ -356,7 +381,7 @@ def _output(req: _Common) -> dict[str, Any]:
     return {"output_format": fmt, "output_compression": req.output_compression}
 
 
-def parse_openai(body: Any, limits: Limits) -> GenerationSpec:
+def parse_openai(body: Any, limits: Limits, header_tier: Tier | None = None) -> GenerationSpec:
     """``POST /v1/images/generations``: OpenAI's fields. ``quality`` hd/high asks for the best
     level; ``background`` transparent, ``style`` and ``moderation`` are accepted and reported
     (``unhonoured``); ``stream`` answers with server-sent events."""
@@ -377,12 +402,14 @@ def parse_openai(body: Any, limits: Limits) -> GenerationSpec:
         unhonoured.append(f"moderation={req.moderation}")
     if req.partial_images and not stream:
         unhonoured.append(f"partial_images={req.partial_images}")
+    tier = limits.tier(req.service_tier, "service_tier") if req.service_tier is not None else header_tier
     return GenerationSpec(
         prompt=req.prompt,
         n=req.n or 1,
         size=limits.served_size(req.size),
         response_format=req.response_format or ("b64_json" if stream else "url"),
         user=req.safety_identifier or req.user,
+        tier=tier or Tier.STANDARD,
         min_quality_level=limits.levels[0] if quality in BEST_QUALITIES else None,
         quality=quality,
         background=req.background or "auto",
@@ -393,16 +420,17 @@ def parse_openai(body: Any, limits: Limits) -> GenerationSpec:
     )
 
 
-def parse_native(body: Any, limits: Limits) -> GenerationSpec:
+def parse_native(body: Any, limits: Limits, header_tier: Tier | None = None) -> GenerationSpec:
     """``POST /v1/argusdiff/generations``: adds seed, SLO, tier, minimum quality level and ``wait``."""
     req: Any = _validate(request_models(limits)[1], body)
+    tier = Tier(req.tier) if req.tier is not None else header_tier
     return GenerationSpec(
         prompt=req.prompt,
         n=req.n or 1,
         size=limits.served_size(req.size),
         response_format=req.response_format or "b64_json",
         user=req.user,
-        tier=Tier(req.tier or Tier.STANDARD.value),
+        tier=tier or Tier.STANDARD,
         slo_s=req.slo_s,
         min_quality_level=req.min_quality_level,
         seed=req.seed,

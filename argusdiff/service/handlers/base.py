@@ -17,18 +17,21 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from argusdiff.config import ServiceConfig
+from argusdiff.domain import Tier
 from argusdiff.service import schemas as s
 from argusdiff.service.app import Service
 from argusdiff.service.dispatch import Dispatch
 from argusdiff.service.errors import ApiError, error_body
 from argusdiff.service.idempotency import IdempotentSubmit
 from argusdiff.service.metrics import ServiceMetrics
+from argusdiff.service.quotas import Quotas
 from argusdiff.service.router import Router
 
 __all__ = [
     "CLIENT_CLOSED",
     "IMAGE_POST_ROUTES",
     "JSON_TYPES",
+    "TIER_HEADER",
     "Api",
     "ClientGone",
     "EventStream",
@@ -48,6 +51,8 @@ class ClientGone(Exception):
     """The client disconnected (mid-body, while waiting or streaming)."""
 
 
+#: the request header that names a request's tier (an argusdiff tier or an OpenAI ``service_tier``)
+TIER_HEADER = "Argusdiff-Tier"
 #: media types of a JSON body (``application/json``, or any ``+json`` type)
 JSON_TYPES = ("application/json",)
 #: the POST-only routes under ``/v1/images/``: a GET of one answers 405, not "no such image"
@@ -168,6 +173,7 @@ class Api:
     levels: tuple[str, ...]  # the profile's level ids, best quality first
     keys: tuple[bytes, ...]  # API keys; empty: no authentication
     idem: IdempotentSubmit  # Idempotency-Key: a retry through any router gets the original result
+    quotas: Quotas  # per-API-key rate limits and concurrent quotas ([quotas])
 
     @classmethod
     def of(cls, service: Service) -> Api:
@@ -183,11 +189,14 @@ class Api:
             levels=tuple(router.profile.ids),
             keys=tuple(k.encode() for k in cfg.api_keys),
             idem=IdempotentSubmit(service),
+            quotas=service.quotas,
         )
 
-    def check_auth(self, request: Request) -> None:
+    def check_auth(self, request: Request) -> str | None:
+        """The caller's API key (401 when keys are set and it sent none or a wrong one); None
+        without authentication."""
         if not self.keys:
-            return
+            return None
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token:
@@ -199,8 +208,15 @@ class Api:
                 headers={"WWW-Authenticate": "Bearer"},
             )
         supplied = token.strip().encode()
-        if not any(hmac.compare_digest(supplied, k) for k in self.keys):
+        matched = [k for k in self.keys if hmac.compare_digest(supplied, k)]
+        if not matched:
             raise ApiError(401, "invalid API key", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+        return matched[0].decode()
+
+    def header_tier(self, request: Request) -> Tier | None:
+        """The ``Argusdiff-Tier`` header: an argusdiff tier or an OpenAI ``service_tier`` value."""
+        raw = request.headers.get(TIER_HEADER.lower())
+        return None if raw is None else self.limits.tier(raw.strip(), TIER_HEADER)
 
     async def read_body(self, request: Request) -> bytes:
         limit = self.config.max_body_bytes

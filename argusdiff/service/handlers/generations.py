@@ -21,9 +21,9 @@ __all__ = ["routes"]
 
 
 async def openai_generate(api: Api, request: Request) -> Response:
-    api.check_auth(request)
-    spec = s.parse_openai(await api.read_json(request), api.limits)
-    sub = await submit(api, request, spec, "images")
+    key = api.check_auth(request)
+    spec = s.parse_openai(await api.read_json(request), api.limits, api.header_tier(request))
+    sub = await submit(api, request, spec, "images", key)
     if spec.stream:
         await api.idem.prime_stream(sub)  # a retried stream: the result it already has comes at once
         return EventStream(stream_run(api, sub, spec))
@@ -48,9 +48,9 @@ async def openai_generate(api: Api, request: Request) -> Response:
 
 
 async def native_generate(api: Api, request: Request) -> Response:
-    api.check_auth(request)
-    spec = s.parse_native(await api.read_json(request), api.limits)
-    sub = await submit(api, request, spec, "native")
+    key = api.check_auth(request)
+    spec = s.parse_native(await api.read_json(request), api.limits, api.header_tier(request))
+    sub = await submit(api, request, spec, "native", key)
     record = sub.record()
     if not spec.wait:
         return accepted(sub.id, sub.created, 0, spec.n, list(sub.levels))

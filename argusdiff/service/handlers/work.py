@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 
 from starlette.requests import Request
 
@@ -29,9 +30,19 @@ def check_serving(api: Api) -> None:
     raise api.busy(f"no worker is ready: {service.not_serving_reason()}; retry later", "no_worker_ready")
 
 
-async def submit(api: Api, request: Request, spec: s.GenerationSpec, endpoint: str) -> Submission:
+async def submit(api: Api, request: Request, spec: s.GenerationSpec, endpoint: str, key: str | None) -> Submission:
+    """Route ``spec`` for the caller with API key ``key``: its quotas first (429 over a limit),
+    then the router (through the Idempotency-Key layer). The generation holds the caller's
+    concurrent slot until every image of it is done."""
     check_serving(api)
-    return await api.idem.submit(request, spec, endpoint)  # router.submit unless an Idempotency-Key came
+    lease = await api.quotas.admit(key, spec.n, uuid.uuid4().hex)
+    try:
+        sub = await api.idem.submit(request, spec, endpoint)  # router.submit unless an Idempotency-Key came
+    except BaseException:
+        await asyncio.shield(lease.release())
+        raise
+    api.router.hold(sub, lease)
+    return sub
 
 
 async def cancel(api: Api, sub: Submission) -> None:

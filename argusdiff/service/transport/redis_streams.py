@@ -77,6 +77,11 @@ class RedisKeys:
         self.plan_view = f"{namespace}:plan:view"
         self.workers_beat = f"{namespace}:workers:beat"  # worker id -> heartbeat expiry (ZSET)
 
+    def quota(self, tenant: str, limit: str) -> str:
+        """A tenant's rate-limit bucket or concurrent slots (:mod:`argusdiff.service.quotas`);
+        ``tenant`` is a hash of its API key."""
+        return f"{self.ns}:quota:{tenant}:{limit}"
+
     def cancel(self, request_id: str) -> str:
         """Set by a router that cancels ``request_id`` (``DELETE`` or a client gone); a worker skips
         the item when it takes it and stops a running batch whose requests all have one."""
