@@ -390,6 +390,24 @@ class AdmissionSection(_Section):
         )
 
 
+class SafetySection(_Section):
+    """The image safety checker of the deployment (``[safety]``; docs/service.md, "Safety")."""
+
+    checker: Literal["off", "diffusers"] = Field(
+        "off", description="diffusers: StableDiffusionSafetyChecker on every image (workers); off: none"
+    )
+    model: str = Field(
+        "CompVis/stable-diffusion-safety-checker",
+        description="the checker's weights and CLIPImageProcessor: a local folder or hub id",
+    )
+    low_margin: float = Field(
+        0.02, ge=0, le=2, description="moderation=low: a concept must score this much above its threshold to flag"
+    )
+    dtype: Literal["auto", "float16", "bfloat16", "float32"] = Field(
+        "auto", description="the checker's dtype (auto: the workers' dtype)"
+    )
+
+
 class QuotaLimits(_Section):
     """One tenant's limits (``[quotas] default`` or ``[quotas.keys."<API key>"]``); unset: no limit."""
 
@@ -429,6 +447,7 @@ class Settings(_Section):
     service: ServiceConfig = ServiceConfig()
     admission: AdmissionSection = AdmissionSection()
     quotas: QuotasSection = QuotasSection()
+    safety: SafetySection = SafetySection()
 
     @model_validator(mode="after")
     def _quota_keys_are_api_keys(self) -> Settings:

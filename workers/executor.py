@@ -51,6 +51,7 @@ def build_executor(
     inline_heavy: bool = False,
     refine_strength: float | None = None,
     encoder: str = "minilm",
+    safety: Any = None,
 ) -> LevelExecutor:
     """The real executor for ``level`` (torch and diffusers are imported here, not at module import).
 
@@ -61,7 +62,17 @@ def build_executor(
       ``judge(image) -> confidence`` callable) becomes a :class:`workers.cascade.CascadeExecutor`
       deferring to ``heavy`` below ``threshold`` (default: the middle of the profiled grid); any
       other cascade level is a plain model executor.
+
+    ``safety`` (a :class:`workers.safety.SafetyChecker`) checks every image the executor returns.
     """
+    executor: Any = _build(level, registry, cache, judge, heavy, cascade, threshold, embed, capture_ks,
+                           inline_heavy, refine_strength, encoder)  # fmt: skip
+    executor.safety = safety
+    return executor
+
+
+def _build(level, registry, cache, judge, heavy, cascade, threshold, embed, capture_ks, inline_heavy,
+           refine_strength, encoder) -> LevelExecutor:  # fmt: skip
     if level.strategy is Strategy.AC:
         from workers.ac import ApproxCacheExecutor
 
@@ -123,6 +134,7 @@ class ExecutorFactory:
         stand_in_scale: float | None = None,
         stand_in_full_size: bool = False,
         max_loaded_models: int = 1,
+        load_safety: Callable[[], Any] | None = None,
     ) -> None:
         self.profile = profile
         self.levels = level_catalogue(profile, fallback)
@@ -143,6 +155,9 @@ class ExecutorFactory:
         # replay's per-prompt confidences; None: stand-ins never defer
         self.stand_in_judge: Callable[[WorkItem], float] | None = None
         self._local = threading.local()
+        self._load_safety = load_safety
+        self._safety: Any = None
+        self._safety_lock = threading.Lock()
 
     @classmethod
     def from_settings(
@@ -173,18 +188,30 @@ class ExecutorFactory:
             disc = Discriminator.load(path)
             return lambda image: float(disc.confidence([image])[0])
 
-        return cls(
+        def load_safety() -> Any:
+            cfg = settings.safety
+            if cfg.checker == "off":
+                return None
+            from workers.safety import SafetyChecker
+
+            reg = factory.registry
+            dtype = reg.torch_dtype_name() if cfg.dtype == "auto" else cfg.dtype
+            return SafetyChecker(cfg.model, device=reg.device, dtype=dtype, low_margin=cfg.low_margin)
+
+        factory = cls(
             profile,
             registry,
             cache,
             fallback=fallback,
             load_registry=load_registry,
             load_judge=load_judge,
+            load_safety=load_safety,
             encoder=settings.cache.encoder,
             stand_in_scale=stand_in_scale,
             stand_in_full_size=getattr(settings.service, "stand_in_image", "tiny") == "full",
             max_loaded_models=getattr(settings.workers, "max_loaded_models", 1),
         )
+        return factory
 
     @property
     def registry(self) -> ModelRegistry:
@@ -201,6 +228,16 @@ class ExecutorFactory:
             self._judge = self._load_judge()
             self._load_judge = None
         return self._judge
+
+    @property
+    def safety(self) -> Any:
+        """The deployment's safety checker (loaded once, on first use, shared by every executor),
+        or None."""
+        with self._safety_lock:
+            if self._load_safety is not None:
+                self._safety = self._load_safety()
+                self._load_safety = None
+            return self._safety
 
     def level(self, level_id: str) -> ApproxLevel:
         try:
@@ -238,6 +275,7 @@ class ExecutorFactory:
             inline_heavy=self.inline_heavy,
             refine_strength=self.refine_strength,
             encoder=self.encoder,
+            safety=self.safety,
         )
 
     def _stand_in(self, level: ApproxLevel, scale: float) -> LevelExecutor:

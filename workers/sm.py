@@ -16,6 +16,7 @@ from workers.messages import TIMING_KEYS, WorkItem, WorkResult
 from workers.pipelines import default_seed, generate, to_png
 from workers.progress import StepReporter
 from workers.registry import LoadedModel, ModelRegistry
+from workers.safety import FILTERED
 
 __all__ = ["ModelExecutor", "queue_wait", "seeds_of"]
 
@@ -35,22 +36,28 @@ class ModelExecutor:
     (what it waited for) and the number of denoising-network calls its batch made.
     """
 
-    def __init__(self, level: ApproxLevel, registry: ModelRegistry) -> None:
+    def __init__(self, level: ApproxLevel, registry: ModelRegistry, *, safety: Any = None) -> None:
         self.level = level
         self.level_id = level.id
         self.model = level.model
         self.registry = registry
         self.spec = registry.spec(level.model)  # unknown model: clear error before any work
+        self.safety = safety  # a workers.safety.SafetyChecker: every image is checked before it is returned
 
     @property
     def loaded(self) -> LoadedModel:
         return self.registry.load(self.model)
 
     def _result(self, item: WorkItem, seed: int, image: Any, timings: dict[str, float], **kw: Any) -> WorkResult:
+        if self.safety is not None:
+            reason = self.safety.flagged([image], [item.meta.get("moderation")])[0]
+            if reason is not None:  # never returned: no image, the reason instead
+                image = None
+                kw.update(error=reason, error_type=FILTERED)
         return WorkResult(
             request_id=item.request_id,
             level=kw.pop("level", self.level_id),
-            image_png=to_png(image),
+            image_png=None if image is None else to_png(image),
             timings={k: float(timings.get(k, 0.0)) for k in TIMING_KEYS}
             | {k: float(v) for k, v in timings.items() if k not in TIMING_KEYS},
             requested_level=item.level,

@@ -209,6 +209,7 @@ class Service:
             similarity=cache_similarity,
             admission=settings.admission.mechanism(time_scale=cfg.stand_in_scale or 1.0),
             prompt_pass=self.prompt_pass,
+            moderation=settings.safety.checker != "off",
         )
         self.dispatch.on_forget = self.router.forget_items
         self.quotas = self._quotas()

@@ -36,6 +36,7 @@ from argusdiff.service.schemas import GenerationSpec, Limits
 from cache.api import EMBEDDING_META_KEY, CacheUnavailable, encode_embedding
 from workers.cancel import CANCELLED
 from workers.messages import WorkItem, WorkResult
+from workers.safety import FILTERED
 
 __all__ = ["Router", "Submission"]
 
@@ -102,6 +103,7 @@ class Router:
         similarity: PromptSimilarity | None = None,
         admission: AdmissionConfig | None = None,
         prompt_pass: PromptPass | None = None,
+        moderation: bool = False,
         clock=time.time,
     ) -> None:
         self.profile = profile
@@ -152,7 +154,9 @@ class Router:
         # admission after the policy (argusdiff.admission; the simulator applies the same)
         scale = getattr(config, "stand_in_scale", None) or 1.0
         self.admission = Admission(self._levels, admission or AdmissionConfig(time_scale=scale))
-        self.limits = Limits.of(config, profile.name, profile.ids, tuple(sizes or config.sizes or ("512x512",)))
+        self.limits = Limits.of(
+            config, profile.name, profile.ids, tuple(sizes or config.sizes or ("512x512",)), moderation=moderation
+        )
         dispatch.on_done = self.on_done
         dispatch.on_handoff = self.on_handoff
         self.handoffs: Counter[str] = Counter()  # cascade hand-offs by decision: heavy, dropped, kept
@@ -559,6 +563,7 @@ class Router:
         ok = bool(s.get("ok"))
         dropped = s.get("error_type") == DROPPED
         cancelled = s.get("error_type") == CANCELLED
+        filtered = s.get("error_type") == FILTERED
         if fl is not None:
             self.level_load[fl.level] = max(0, self.level_load[fl.level] - 1)
             self.tier_load[fl.level, fl.rank] = max(0, self.tier_load[fl.level, fl.rank] - 1)
@@ -569,7 +574,9 @@ class Router:
                     self.metrics.slo_violations.labels(level).inc()
                 self.policy.on_served(level, now - fl.arrival_s, ok and now <= fl.deadline_s)
         self.completed += 1
-        outcome = "dropped" if dropped else "cancelled" if cancelled else "ok" if ok else "error"
+        outcome = (
+            "dropped" if dropped else "cancelled" if cancelled else "filtered" if filtered else "ok" if ok else "error"
+        )
         self.metrics.requests.labels(level, outcome).inc()
         lookup = float(s.get("lookup_s", 0.0)) + float(s.get("fetch_s", 0.0))
         if s.get("cache_error"):

@@ -85,9 +85,12 @@ class Limits:
     size_map: tuple[tuple[str, str], ...] = ()  # (requested, served): common sizes mapped onto served ones
     # OpenAI ``service_tier`` values -> argusdiff tiers ([service] service_tiers)
     service_tiers: tuple[tuple[str, str], ...] = tuple(DEFAULT_SERVICE_TIERS.items())
+    moderation: bool = False  # a safety checker runs on the workers ([safety] checker): `moderation` is honoured
 
     @classmethod
-    def of(cls, config: Any, model: str, levels: tuple[str, ...], sizes: tuple[str, ...]) -> Limits:
+    def of(
+        cls, config: Any, model: str, levels: tuple[str, ...], sizes: tuple[str, ...], *, moderation: bool = False
+    ) -> Limits:
         """A deployment's limits from its ``[service]`` settings, profile name, level ids and sizes."""
         return cls(
             models=tuple(dict.fromkeys((config.model_name, model, *config.model_aliases))),
@@ -98,6 +101,7 @@ class Limits:
             max_slo_s=config.max_slo_s,
             size_map=size_table(sizes, map_sizes=config.map_sizes),
             service_tiers=tuple(sorted(dict(getattr(config, "service_tiers", DEFAULT_SERVICE_TIERS)).items())),
+            moderation=moderation,
         )
 
     def tier(self, value: str, param: str) -> Tier:
@@ -226,7 +230,9 @@ class OpenAIImageRequest(_Common):
     quality: Quality | None = Field(None, description="hd/high: the best level (no approximation)")
     style: Literal["vivid", "natural"] | None = Field(None, description="accepted, not applied (reported)")
     background: Background | None = Field(None, description="images are opaque; transparent is reported as opaque")
-    moderation: Literal["low", "auto"] | None = Field(None, description="accepted, no moderation here (reported)")
+    moderation: Literal["low", "auto"] | None = Field(
+        None, description="with a safety checker ([safety]): auto, or low (less restrictive); else reported unhonoured"
+    )
     safety_identifier: Text | None = None
     stream: bool | None = Field(None, description="answer with server-sent events (one image: n = 1)")
     partial_images: _int(0, 3) | None = Field(
@@ -245,6 +251,7 @@ class NativeRequest(_Common):
     tier: Literal[tuple(t.value for t in Tier)] | None = None  # type: ignore[valid-type]
     min_quality_level: str | None = None
     wait: bool | None = True
+    moderation: Literal["low", "auto"] | None = None
 
 
 @cache
@@ -302,12 +309,15 @@ class GenerationSpec:
     stream: bool = False
     partial_images: int = 0
     unhonoured: tuple[str, ...] = ()  # "field=value" accepted but not applied
+    moderation: str | None = None  # the safety checker's strictness (auto, low); None: no checker
 
     def item_meta(self) -> dict[str, str]:
-        """What the workers need to know beyond the prompt: streaming and its partial images."""
-        if not self.stream:
-            return {}
-        return {"stream": "1", "partial_images": str(self.partial_images)}
+        """What the workers need to know beyond the prompt: streaming and its partial images, the
+        safety checker's strictness."""
+        meta = {"moderation": self.moderation} if self.moderation is not None else {}
+        if self.stream:
+            meta.update(stream="1", partial_images=str(self.partial_images))
+        return meta
 
     def record_fields(self) -> dict[str, Any]:
         """What the router keeps with the request's record to deliver its images later."""
@@ -398,7 +408,7 @@ def parse_openai(body: Any, limits: Limits, header_tier: Tier | None = None) -> 
         unhonoured.append("background=transparent")
     if req.style is not None:
         unhonoured.append(f"style={req.style}")
-    if req.moderation is not None:
+    if req.moderation is not None and not limits.moderation:
         unhonoured.append(f"moderation={req.moderation}")
     if req.partial_images and not stream:
         unhonoured.append(f"partial_images={req.partial_images}")
@@ -416,6 +426,7 @@ def parse_openai(body: Any, limits: Limits, header_tier: Tier | None = None) -> 
         stream=stream,
         partial_images=(req.partial_images or 0) if stream else 0,
         unhonoured=tuple(unhonoured),
+        moderation=(req.moderation or "auto") if limits.moderation else None,
         **_output(req),
     )
 
@@ -435,6 +446,8 @@ def parse_native(body: Any, limits: Limits, header_tier: Tier | None = None) -> 
         min_quality_level=req.min_quality_level,
         seed=req.seed,
         wait=True if req.wait is None else req.wait,
+        moderation=(req.moderation or "auto") if limits.moderation else None,
+        unhonoured=(f"moderation={req.moderation}",) if req.moderation is not None and not limits.moderation else (),
         **_output(req),
     )
 

@@ -61,7 +61,8 @@ async def native_generate(api: Api, request: Request) -> Response:
     except (WorkLost, ShuttingDown) as exc:
         raise lost(api, sub.id, exc) from None
     check_results(api, sub.id, results)
-    return JSONResponse(await native_body(api, sub.id, record, results, request))
+    headers = {"Argusdiff-Unhonoured": ", ".join(spec.unhonoured)} if spec.unhonoured else None
+    return JSONResponse(await native_body(api, sub.id, record, results, request), headers=headers)
 
 
 def routes(api: Api) -> list[Route]:

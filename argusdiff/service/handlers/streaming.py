@@ -14,11 +14,12 @@ from typing import Any
 from argusdiff.service import schemas as s
 from argusdiff.service.errors import ApiError
 from argusdiff.service.handlers.base import CLIENT_CLOSED, Api, ClientGone, EventStream, dump
-from argusdiff.service.handlers.work import cancel, cancelled, lost, timed_out
+from argusdiff.service.handlers.work import cancel, cancelled, filtered, lost, timed_out
 from argusdiff.service.images import encode
 from argusdiff.service.router import Submission
 from workers.cancel import CANCELLED
 from workers.messages import WorkResult
+from workers.safety import FILTERED
 
 __all__ = ["Emit", "stream_run"]
 
@@ -91,6 +92,8 @@ def stream_run(api: Api, sub: Submission, spec: s.GenerationSpec) -> Callable[[E
                     res: WorkResult = payload
                     if res.error_type == CANCELLED:
                         return await error(emit, cancelled(sub.id))
+                    if res.error_type == FILTERED:
+                        return await error(emit, filtered(sub.id, 0))
                     if not res.ok or res.image_png is None:
                         return await error(
                             emit,

@@ -16,8 +16,19 @@ from argusdiff.service.handlers.base import Api, ClientGone, disconnected
 from argusdiff.service.router import Submission
 from workers.cancel import CANCELLED
 from workers.messages import WorkResult
+from workers.safety import FILTERED
 
-__all__ = ["cancel", "cancel_images", "cancelled", "check_results", "lost", "submit", "timed_out", "wait_for"]
+__all__ = [
+    "cancel",
+    "cancel_images",
+    "cancelled",
+    "check_results",
+    "filtered",
+    "lost",
+    "submit",
+    "timed_out",
+    "wait_for",
+]
 
 log = logging.getLogger("argusdiff.api")
 
@@ -81,6 +92,16 @@ async def wait_for(api: Api, request: Request, sub: Submission) -> list[WorkResu
     raise ClientGone
 
 
+def filtered(sub_id: str, index: int) -> ApiError:
+    """The 400 of an image the safety checker flagged (it is never returned)."""
+    return ApiError(
+        400,
+        f"generation {sub_id}: image {index} was flagged by the safety checker and is not returned; "
+        "change the prompt (or ask for moderation 'low')",
+        code="content_policy_violation",
+    )
+
+
 def cancelled(sub_id: str) -> ApiError:
     """The 409 of a wait whose generation was cancelled (``DELETE``) meanwhile."""
     return ApiError(409, f"generation {sub_id} was cancelled", param="id", code="generation_cancelled")
@@ -113,6 +134,8 @@ def check_results(api: Api, sub_id: str, results: list[WorkResult]) -> None:
             kind = res.error_type or "error"
             if kind == CANCELLED:  # DELETE of the generation while this client waited for it
                 raise cancelled(sub_id)
+            if kind == FILTERED:
+                raise filtered(sub_id, i)
             if kind == "Dropped":  # the policy dropped it after the light stage (cascade)
                 raise ApiError(
                     429,
