@@ -265,6 +265,9 @@ class ServiceConfig(_Section):
     max_body_bytes: int = Field(65536, ge=1024, description="largest accepted request body")
     max_prompt_chars: int = Field(4000, ge=1, description="longest accepted prompt (characters)")
     max_n: int = Field(4, ge=1, le=64, description="largest `n` (images per request)")
+    max_image_bytes: int = Field(
+        4 << 20, ge=1024, description="largest file of POST /v1/images/edits (`image`, `mask`), as OpenAI's 4 MB"
+    )
     sizes: tuple[str, ...] = Field(
         (), description="image sizes (WxH) clients may ask for; empty: the native sizes of the profile's models"
     )

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from workers.cancel import CANCELLED, Cancelled, cancelled_result, cancels_from
+from workers.edits import run_with_edits
 from workers.messages import LevelExecutor, WorkItem, WorkResult
 from workers.queue import WorkQueue
 
@@ -245,7 +246,7 @@ class Worker:
         t0 = time.perf_counter()
         try:
             with cancels_from(check):
-                results = executor.run(items)
+                results = run_with_edits(executor, items)
             if len(results) != len(items):
                 raise RuntimeError(f"executor returned {len(results)} results for {len(items)} requests")
         except Cancelled as exc:  # an executor that does not answer per request: the whole batch

@@ -31,7 +31,7 @@ from starlette.responses import JSONResponse, Response
 
 from argusdiff.service.app import Service
 from argusdiff.service.errors import error_body
-from argusdiff.service.handlers import generations, health, results, status
+from argusdiff.service.handlers import edits, generations, health, results, status
 from argusdiff.service.handlers.base import Api
 
 __all__ = ["create_app", "make_server"]
@@ -76,7 +76,13 @@ def create_app(service: Service, *, manage_lifecycle: bool = True) -> Starlette:
                 await asyncio.shield(service.stop())
 
     # the order of the routes is the order of the OpenAPI document's operations
-    routes = [*generations.routes(api), *results.routes(api), *status.routes(api), *health.routes(api)]
+    routes = [
+        *generations.routes(api),
+        *edits.routes(api),
+        *results.routes(api),
+        *status.routes(api),
+        *health.routes(api),
+    ]
     return Starlette(
         routes=routes,
         exception_handlers={HTTPException: http_error, Exception: internal_error},

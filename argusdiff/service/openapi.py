@@ -64,6 +64,14 @@ OPERATIONS: tuple[Operation, ...] = (
         request="openai", streams=True, idempotent=True,
     ),
     Operation(
+        "/v1/images/edits", "post", "createImageEdit",
+        "Edit an image (OpenAI Images API, multipart form): img2img, or inpainting where the mask is transparent",
+        {200: ("edited images", s.ImagesResponse), 500: ("a worker failed the image", s.ErrorResponse),
+         504: ("not finished within request_timeout_s; the work stays queued", s.ErrorResponse), **_REJECTED,
+         **_KEYED},
+        request="edit", idempotent=True,
+    ),
+    Operation(
         "/v1/argusdiff/generations", "post", "createGeneration",
         "Generate images with an SLO, tier, minimum quality level and seed",
         {200: ("generated images with the serving level, timings and cache use", s.NativeGeneration),
@@ -136,10 +144,22 @@ def _content(body: Body, refs: dict) -> dict[str, Any]:
     return {"application/json": {"schema": schemas[0] if len(schemas) == 1 else {"oneOf": schemas}}}
 
 
+def _edit_form(defs: dict[str, Any]) -> dict[str, Any]:
+    """The edit form's schema: the edit model's fields plus ``image`` and ``mask`` files."""
+    model = dict(defs["ImageEditRequest"])
+    binary = {"type": "string", "format": "binary"}
+    props = {
+        "image": {**binary, "description": "the image to edit (PNG, JPEG or WebP)"},
+        "mask": {**binary, "description": "PNG with alpha: fully transparent pixels are edited"},
+        **model.get("properties", {}),
+    }
+    return {**model, "properties": props, "required": ["image", *model.get("required", [])]}
+
+
 def openapi_document(limits: s.Limits, *, auth: bool) -> dict[str, Any]:
     """The OpenAPI 3.1 document of a deployment with ``limits`` (``auth``: Bearer keys are set)."""
     openai_req, native_req = s.request_models(limits)
-    requests = {"openai": openai_req, "native": native_req}
+    requests = {"openai": openai_req, "native": native_req, "edit": s.edit_model(limits)}
     reg = _Schemas()
     for model in requests.values():
         reg.add(model, "validation")
@@ -163,7 +183,9 @@ def openapi_document(limits: s.Limits, *, auth: bool) -> dict[str, Any]:
             ]
         if op.idempotent:
             entry["parameters"] = [*entry.get("parameters", []), dict(_IDEMPOTENCY_KEY)]
-        if op.request is not None:
+        if op.request == "edit":  # a multipart form: the text fields and the two files
+            entry["requestBody"] = {"required": True, "content": {"multipart/form-data": {"schema": _edit_form(defs)}}}
+        elif op.request is not None:
             schema = refs[(requests[op.request], "validation")]
             entry["requestBody"] = {"required": True, "content": {"application/json": {"schema": schema}}}
         responses = {}

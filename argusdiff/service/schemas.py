@@ -39,10 +39,13 @@ __all__ = [
     "GenerationCancelled",
     "GenerationSpec",
     "Image",
+    "ImageEditRequest",
     "ImagesResponse",
     "Limits",
     "NativeGeneration",
     "NativeImage",
+    "edit_model",
+    "parse_edit",
     "parse_native",
     "parse_openai",
     "prompt_problem",
@@ -243,6 +246,22 @@ class OpenAIImageRequest(_Common):
     )
 
 
+class ImageEditRequest(_Common):
+    """``POST /v1/images/edits`` (multipart form): OpenAI's edit fields besides the files ``image``
+    and ``mask``; form values are text, numbers are read from it. ``strength`` is argusdiff's."""
+
+    quality: Quality | None = Field(None, description="hd/high: the best level (no approximation)")
+    background: Background | None = Field(None, description="images are opaque; transparent is reported as opaque")
+    moderation: Literal["low", "auto"] | None = Field(
+        None, description="with a safety checker ([safety]): auto, or low (less restrictive); else reported unhonoured"
+    )
+    input_fidelity: Literal["low", "high"] | None = Field(None, description="accepted, not applied (reported)")
+    service_tier: Text | None = Field(None, description="as for generations")
+    strength: Annotated[float, Gt(0), Le(1)] | None = Field(
+        None, description="how much of the image is redone: 0.75 without a mask, 1 inside one"
+    )
+
+
 class NativeRequest(_Common):
     """``POST /v1/argusdiff/generations``: adds seed, SLO, tier, minimum quality level and ``wait``."""
 
@@ -257,21 +276,7 @@ class NativeRequest(_Common):
 @cache
 def request_models(limits: Limits) -> tuple[type[OpenAIImageRequest], type[NativeRequest]]:
     """The two request models with this deployment's bounds (cached per :class:`Limits`)."""
-    prompt = (
-        Annotated[
-            str,
-            StringConstraints(min_length=1, max_length=limits.max_prompt_chars),
-            AfterValidator(_prompt),
-            WithJsonSchema({"type": "string", "minLength": 1, "maxLength": limits.max_prompt_chars, "pattern": r"\S"}),
-        ],
-        ...,
-    )
-    common = {
-        "prompt": prompt,
-        "model": (_choice(limits.models, "model_not_found", "the model") | None, None),
-        "n": (_int(1, limits.max_n) | None, 1),
-        "size": (_choice(limits.accepted_sizes, "invalid_value", "the size") | None, None),
-    }
+    common = _common_fields(limits)
     openai = create_model("ImageGenerationRequest", __base__=OpenAIImageRequest, **common)
     native = create_model(
         "GenerationRequest",
@@ -283,6 +288,33 @@ def request_models(limits: Limits) -> tuple[type[OpenAIImageRequest], type[Nativ
     openai.__doc__ = OpenAIImageRequest.__doc__
     native.__doc__ = NativeRequest.__doc__
     return openai, native
+
+
+def _common_fields(limits: Limits) -> dict[str, Any]:
+    """The fields whose bounds are the deployment's: prompt, model, n, size."""
+    prompt = (
+        Annotated[
+            str,
+            StringConstraints(min_length=1, max_length=limits.max_prompt_chars),
+            AfterValidator(_prompt),
+            WithJsonSchema({"type": "string", "minLength": 1, "maxLength": limits.max_prompt_chars, "pattern": r"\S"}),
+        ],
+        ...,
+    )
+    return {
+        "prompt": prompt,
+        "model": (_choice(limits.models, "model_not_found", "the model") | None, None),
+        "n": (_int(1, limits.max_n) | None, 1),
+        "size": (_choice(limits.accepted_sizes, "invalid_value", "the size") | None, None),
+    }
+
+
+@cache
+def edit_model(limits: Limits) -> type[ImageEditRequest]:
+    """The edit form's text fields with this deployment's bounds (cached per :class:`Limits`)."""
+    model = create_model("ImageEditRequest", __base__=ImageEditRequest, **_common_fields(limits))
+    model.__doc__ = ImageEditRequest.__doc__
+    return model
 
 
 # -- the validated request -------------------------------------------------------------------------
@@ -310,11 +342,18 @@ class GenerationSpec:
     partial_images: int = 0
     unhonoured: tuple[str, ...] = ()  # "field=value" accepted but not applied
     moderation: str | None = None  # the safety checker's strictness (auto, low); None: no checker
+    edit_image: str | None = None  # an edit: the input image (base64 PNG at the served size)
+    edit_mask: str | None = None  # ... and where to repaint (base64 PNG, white = repaint)
+    edit_strength: float | None = None
 
     def item_meta(self) -> dict[str, str]:
         """What the workers need to know beyond the prompt: streaming and its partial images, the
         safety checker's strictness."""
         meta = {"moderation": self.moderation} if self.moderation is not None else {}
+        if self.edit_image is not None:
+            meta.update(edit_image=self.edit_image, edit_strength=f"{self.edit_strength or 0.75:g}")
+            if self.edit_mask is not None:
+                meta["edit_mask"] = self.edit_mask
         if self.stream:
             meta.update(stream="1", partial_images=str(self.partial_images))
         return meta
@@ -427,6 +466,67 @@ def parse_openai(body: Any, limits: Limits, header_tier: Tier | None = None) -> 
         partial_images=(req.partial_images or 0) if stream else 0,
         unhonoured=tuple(unhonoured),
         moderation=(req.moderation or "auto") if limits.moderation else None,
+        **_output(req),
+    )
+
+
+#: edit form fields read as numbers (form values are text)
+_FORM_INTS = ("n", "output_compression")
+_FORM_FLOATS = ("strength",)
+
+
+def _form_value(name: str, value: str) -> Any:
+    """A form field's text as the JSON value it stands for (numbers), else unchanged (the model
+    then names the field when it is of the wrong kind)."""
+    text = value.strip()
+    try:
+        if name in _FORM_INTS and text.lstrip("-").isdigit():
+            return int(text)
+        if name in _FORM_FLOATS:
+            number = float(text)
+            if number == number and abs(number) != float("inf"):
+                return number
+    except ValueError:
+        pass
+    return value
+
+
+def parse_edit(
+    fields: dict[str, str], image: bytes, mask: bytes | None, limits: Limits, header_tier: Tier | None = None
+) -> GenerationSpec:
+    """``POST /v1/images/edits``: the form's text ``fields`` (validated like a generation's) and
+    its files (:func:`argusdiff.service.edits.prepare_edit`)."""
+    from argusdiff.service.edits import prepare_edit
+
+    body = {k: _form_value(k, v) for k, v in fields.items()}
+    req: Any = _validate(edit_model(limits), body)
+    quality = req.quality or "auto"
+    size = limits.served_size(req.size)
+    ready = prepare_edit(image, mask, size)
+    unhonoured = []
+    if req.background == "transparent":
+        unhonoured.append("background=transparent")
+    if req.input_fidelity is not None:
+        unhonoured.append(f"input_fidelity={req.input_fidelity}")
+    if req.moderation is not None and not limits.moderation:
+        unhonoured.append(f"moderation={req.moderation}")
+    tier = limits.tier(req.service_tier, "service_tier") if req.service_tier is not None else header_tier
+    strength = req.strength if req.strength is not None else (1.0 if ready.mask_b64 is not None else 0.75)
+    return GenerationSpec(
+        prompt=req.prompt,
+        n=req.n or 1,
+        size=size,
+        response_format=req.response_format or "url",
+        user=req.user,
+        tier=tier or Tier.STANDARD,
+        min_quality_level=limits.levels[0] if quality in BEST_QUALITIES else None,
+        quality=quality,
+        background=req.background or "auto",
+        unhonoured=tuple(unhonoured),
+        moderation=(req.moderation or "auto") if limits.moderation else None,
+        edit_image=ready.image_b64,
+        edit_mask=ready.mask_b64,
+        edit_strength=strength,
         **_output(req),
     )
 

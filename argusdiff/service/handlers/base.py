@@ -218,8 +218,8 @@ class Api:
         raw = request.headers.get(TIER_HEADER.lower())
         return None if raw is None else self.limits.tier(raw.strip(), TIER_HEADER)
 
-    async def read_body(self, request: Request) -> bytes:
-        limit = self.config.max_body_bytes
+    async def read_body(self, request: Request, limit: int | None = None) -> bytes:
+        limit = self.config.max_body_bytes if limit is None else limit
         declared = request.headers.get("content-length")
         if declared is not None:
             try:
@@ -239,10 +239,21 @@ class Api:
 
     async def read_json(self, request: Request) -> Any:
         check_content_type(request, JSON_TYPES)
+        raw = await self.read_within(request)
+        if not raw.strip():
+            raise ApiError(400, "the request body is empty: send a JSON object", code="invalid_body")
+        try:
+            return json.loads(raw)
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            raise ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
+
+    async def read_within(self, request: Request, limit: int | None = None) -> bytes:
+        """The body, within ``body_timeout_s`` (408) and ``limit`` bytes (413; default
+        ``max_body_bytes``); ClientGone when the client leaves meanwhile."""
         cfg = self.config
         try:
             async with asyncio.timeout(cfg.body_timeout_s):
-                raw = await self.read_body(request)
+                return await self.read_body(request, limit)
         except TimeoutError:
             raise ApiError(
                 408,
@@ -252,12 +263,6 @@ class Api:
             ) from None
         except ClientDisconnect:
             raise ClientGone from None
-        if not raw.strip():
-            raise ApiError(400, "the request body is empty: send a JSON object", code="invalid_body")
-        try:
-            return json.loads(raw)
-        except (UnicodeDecodeError, ValueError, RecursionError):
-            raise ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
 
     def endpoint(self, name: str, handler: Handler) -> Handler:
         """``handler`` with its errors as JSON bodies and every response counted under ``name``."""

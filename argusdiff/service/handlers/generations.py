@@ -16,8 +16,9 @@ from argusdiff.service.handlers.base import Api, EventStream, dump
 from argusdiff.service.handlers.results import accepted, image_entry, native_body, served_quality
 from argusdiff.service.handlers.streaming import stream_run
 from argusdiff.service.handlers.work import check_results, lost, submit, timed_out, wait_for
+from argusdiff.service.router import Submission
 
-__all__ = ["routes"]
+__all__ = ["openai_images", "routes"]
 
 
 async def openai_generate(api: Api, request: Request) -> Response:
@@ -27,6 +28,11 @@ async def openai_generate(api: Api, request: Request) -> Response:
     if spec.stream:
         await api.idem.prime_stream(sub)  # a retried stream: the result it already has comes at once
         return EventStream(stream_run(api, sub, spec))
+    return await openai_images(api, request, sub, spec)
+
+
+async def openai_images(api: Api, request: Request, sub: Submission, spec: s.GenerationSpec) -> Response:
+    """The OpenAI images response of ``sub`` (generations and edits): wait, then the images."""
     try:
         results = await wait_for(api, request, sub)
     except TimeoutError:
