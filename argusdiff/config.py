@@ -169,6 +169,7 @@ class WorkersConfig(_Section):
         None, description="where demo models are built (default ~/.cache/argusdiff/models or ARGUSDIFF_MODELS_DIR)"
     )
     max_loaded_models: int = Field(2, ge=1, description="pipelines a worker keeps loaded (LRU)")
+    max_loaded_adapters: int = Field(4, ge=1, description="LoRA adapters a worker keeps loaded per pipeline (LRU)")
     batch_size: int = Field(1, ge=1, description="batch size when the plan sets none")
     poll_s: float = Field(0.2, gt=0, description="how long a worker blocks on its queue before rechecking its plan")
     torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads (None: torch default)")

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 
 __all__ = [
     "TIER_PRIORITY",
+    "AdapterSpec",
     "ApproxLevel",
     "Assignment",
     "CascadeSpec",
@@ -179,6 +180,21 @@ class CascadeSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class AdapterSpec:
+    """A LoRA adapter a profile offers for one of its models (``[[adapters]]``): a request that
+    names it is served only by levels of that model, with the adapter loaded at ``scale`` (or the
+    request's scale, within [``scale_min``, ``scale_max``])."""
+
+    name: str
+    model: str  # the registry name of the model it was trained for
+    source: str  # a folder or file of LoRA weights (diffusers' load_lora_weights), or a hub id
+    scale: float = 1.0
+    scale_min: float = 0.0
+    scale_max: float = 2.0
+    weight_name: str | None = None  # the weights file inside ``source`` when it holds several
+
+
+@dataclass(frozen=True, slots=True)
 class Profile:
     """The levels of one deployment on one GPU kind, slowest/best first."""
 
@@ -194,10 +210,19 @@ class Profile:
     # a deployment profile's light→heavy pairs (``[[cascades]]``), next to its AC and SM levels;
     # ``cascade`` is the one pair of a cascade-only profile (``[cascade]``)
     cascades: tuple[CascadeSpec, ...] = ()
+    adapters: tuple[AdapterSpec, ...] = ()  # LoRA adapters per model (``[[adapters]]``)
 
     def __post_init__(self) -> None:
         if not self.levels:
             raise ValueError(f"profile {self.name!r} has no levels")
+
+    def adapter(self, name: str, model: str) -> AdapterSpec | None:
+        """Adapter ``name`` of ``model`` (None: not declared for it)."""
+        return next((a for a in self.adapters if a.name == name and a.model == model), None)
+
+    def adapter_models(self, name: str) -> frozenset[str]:
+        """The models that have adapter ``name`` (empty: unknown adapter)."""
+        return frozenset(a.model for a in self.adapters if a.name == name)
 
     @property
     def cascade_specs(self) -> tuple[CascadeSpec, ...]:
@@ -300,6 +325,7 @@ class Request:
     tier: Tier = Tier.STANDARD
     min_quality_level: str | None = None  # slowest acceptable level id is not constrained when None
     seed: int | None = None
+    models: frozenset[str] | None = None  # only levels of these models may serve it (a LoRA adapter's)
 
     def deadline_s(self, default_slo_s: float) -> float:
         return self.arrival_s + (self.slo_s if self.slo_s is not None else default_slo_s)

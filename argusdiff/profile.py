@@ -39,7 +39,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from argusdiff.domain import ApproxLevel, CascadeSpec, Profile, Strategy
+from argusdiff.domain import AdapterSpec, ApproxLevel, CascadeSpec, Profile, Strategy
 from argusdiff.errors import ProfileError
 
 __all__ = [
@@ -82,7 +82,9 @@ _TOP_FIELDS = {
     "measured",
     "gpu_memory_gb",
     "sources",
+    "adapters",
 }
+_ADAPTER_FIELDS = {"name", "model", "source", "scale", "scale_min", "scale_max", "weight_name"}
 _SOURCE_KEYS = {*SOURCED_FIELDS, "gpu_memory_gb", "slo_s", "cascade"}
 _CASCADE_FIELDS = {"light", "heavy", "discriminator_latency_s", "thresholds", "deferral", "quality", "diffserve_pair"}
 _CASCADES_FIELDS = {*_CASCADE_FIELDS, "resume", "description"}
@@ -300,6 +302,38 @@ def _parse_cascade(where: str, raw: Any, levels: dict[str, ApproxLevel], *, entr
     )
 
 
+def _parse_adapters(source: str, raw: Any, models: set[str]) -> tuple[AdapterSpec, ...]:
+    """``[[adapters]]``: LoRA adapters per model (name, model, source, scale and its range)."""
+    if not isinstance(raw, list):
+        raise ProfileError(f"{source}: field 'adapters' must be a list of [[adapters]] tables")
+    out: list[AdapterSpec] = []
+    for i, entry in enumerate(raw):
+        where = f"{source}: [[adapters]] #{i + 1}"
+        if not isinstance(entry, dict):
+            raise ProfileError(f"{where}: must be a table")
+        unknown = set(entry) - _ADAPTER_FIELDS
+        if unknown:
+            raise ProfileError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
+        for field in ("name", "model", "source"):
+            if not isinstance(entry.get(field), str) or not entry[field].strip():
+                raise ProfileError(f"{where}: field {field!r} must be a non-empty string")
+        if not _ID.match(entry["name"]):
+            raise ProfileError(f"{where}: field 'name' must be an id ([A-Za-z0-9._-]), got {entry['name']!r}")
+        if entry["model"] not in models:
+            raise ProfileError(f"{where}: field 'model' ({entry['model']!r}) is not a model of the profile's levels")
+        lo = _num(where, "scale_min", entry.get("scale_min", 0.0))
+        hi = _num(where, "scale_max", entry.get("scale_max", 2.0))
+        scale = _num(where, "scale", entry.get("scale", 1.0))
+        if not lo <= scale <= hi:
+            raise ProfileError(f"{where}: needs scale_min <= scale <= scale_max, got {lo} <= {scale} <= {hi}")
+        spec = AdapterSpec(name=entry["name"], model=entry["model"], source=entry["source"], scale=float(scale),
+                           scale_min=float(lo), scale_max=float(hi), weight_name=entry.get("weight_name"))  # fmt: skip
+        if any(a.name == spec.name and a.model == spec.model for a in out):
+            raise ProfileError(f"{where}: adapter {spec.name!r} of model {spec.model!r} is declared twice")
+        out.append(spec)
+    return tuple(out)
+
+
 def parse_profile(data: dict[str, Any], *, source: str = "<profile>") -> Profile:
     """Validate a profile already parsed from TOML (``source`` names it in errors)."""
     unknown = set(data) - _TOP_FIELDS
@@ -382,9 +416,11 @@ def parse_profile(data: dict[str, Any], *, source: str = "<profile>") -> Profile
             )
         if not isinstance(value, str) or not value.strip():
             raise ProfileError(f"{source}: [sources] field {key!r} must be one non-empty string")
+    adapters = _parse_adapters(source, data.get("adapters", []), {lv.model for lv in levels})
     return Profile(
         name=name,
         gpu=gpu,
+        adapters=adapters,
         levels=tuple(levels),
         description=description,
         cascade=cascade,

@@ -31,6 +31,7 @@ from cache.api import (
     LatentMeta,
     decode_embedding,
 )
+from workers.adapters import adapter_cache_model
 from workers.cancel import Cancelled, CancelWatch
 from workers.errors import LatentMismatch, WorkerError
 from workers.messages import WorkItem, WorkResult
@@ -113,6 +114,13 @@ class ApproxCacheExecutor(ModelExecutor):
         return out.reshape(len(prompts), -1)
 
     @property
+    def cache_model(self) -> str:
+        """The model name latents are stored and looked up under: the model's, with the active LoRA
+        adapter and scale (:mod:`workers.adapters`), so a latent made with another adapter (or
+        none) is never reused."""
+        return adapter_cache_model(self.model, getattr(self, "active_adapter", None))
+
+    @property
     def _index_dim(self) -> int | None:
         dim = getattr(getattr(self.cache, "index", None), "dim", None)
         return None if dim is None else int(dim)
@@ -135,7 +143,7 @@ class ApproxCacheExecutor(ModelExecutor):
         want = latent_shape(self.loaded)[1:]
         got = tuple(meta.shape[-3:]) if meta.shape else tuple(np.shape(hit.latent)[-3:])
         return (
-            meta.model == self.model
+            meta.model == self.cache_model
             and meta.scheduler == scheduler
             and meta.steps == self.level.steps
             and hit.k == self.level.skip
@@ -170,7 +178,7 @@ class ApproxCacheExecutor(ModelExecutor):
                     continue
                 t1 = time.perf_counter()
                 try:
-                    hit = self.cache.lookup(embeddings[idx], k, model=self.model, steps=self.level.steps)
+                    hit = self.cache.lookup(embeddings[idx], k, model=self.cache_model, steps=self.level.steps)
                 except CacheUnavailable as exc:
                     entry["error"] = str(exc) or "cache unavailable"
                     entry["lookup_s"] += time.perf_counter() - t1
@@ -260,7 +268,7 @@ class ApproxCacheExecutor(ModelExecutor):
         arrays = {int(kk): lat.detach().to("cpu").float().numpy().astype(np.float16) for kk, lat in latents.items()}
         shape = next(iter(arrays.values())).shape
         meta = LatentMeta(
-            model=self.model,
+            model=self.cache_model,
             scheduler=scheduler,
             steps=self.level.steps,
             k=max(arrays),

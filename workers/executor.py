@@ -52,6 +52,8 @@ def build_executor(
     refine_strength: float | None = None,
     encoder: str = "minilm",
     safety: Any = None,
+    adapters: Sequence[Any] = (),
+    max_adapters: int = 4,
 ) -> LevelExecutor:
     """The real executor for ``level`` (torch and diffusers are imported here, not at module import).
 
@@ -63,11 +65,16 @@ def build_executor(
       deferring to ``heavy`` below ``threshold`` (default: the middle of the profiled grid); any
       other cascade level is a plain model executor.
 
-    ``safety`` (a :class:`workers.safety.SafetyChecker`) checks every image the executor returns.
+    ``safety`` (a :class:`workers.safety.SafetyChecker`) checks every image the executor returns;
+    ``adapters`` are the LoRA adapters of the level's model (:mod:`workers.adapters`; at most
+    ``max_adapters`` loaded at once).
     """
     executor: Any = _build(level, registry, cache, judge, heavy, cascade, threshold, embed, capture_ks,
                            inline_heavy, refine_strength, encoder)  # fmt: skip
     executor.safety = safety
+    executor.adapters = {a.name: a for a in adapters if a.model == level.model}
+    executor.max_adapters = max_adapters
+    executor.active_adapter = None
     return executor
 
 
@@ -135,9 +142,13 @@ class ExecutorFactory:
         stand_in_full_size: bool = False,
         max_loaded_models: int = 1,
         load_safety: Callable[[], Any] | None = None,
+        max_loaded_adapters: int = 4,
     ) -> None:
         self.profile = profile
         self.levels = level_catalogue(profile, fallback)
+        # LoRA adapters of the deployment's models ([[adapters]] of the profile and its fallback)
+        self.adapters = (*profile.adapters, *(fallback.adapters if fallback is not None else ()))
+        self.max_loaded_adapters = max_loaded_adapters
         self.cache = cache
         self._registry = registry
         self._load_registry = load_registry
@@ -210,6 +221,7 @@ class ExecutorFactory:
             stand_in_scale=stand_in_scale,
             stand_in_full_size=getattr(settings.service, "stand_in_image", "tiny") == "full",
             max_loaded_models=getattr(settings.workers, "max_loaded_models", 1),
+            max_loaded_adapters=getattr(settings.workers, "max_loaded_adapters", 4),
         )
         return factory
 
@@ -276,6 +288,8 @@ class ExecutorFactory:
             refine_strength=self.refine_strength,
             encoder=self.encoder,
             safety=self.safety,
+            adapters=[a for a in self.adapters if a.model == level.model],
+            max_adapters=self.max_loaded_adapters,
         )
 
     def _stand_in(self, level: ApproxLevel, scale: float) -> LevelExecutor:

@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from workers.adapters import run_batch
 from workers.cancel import CANCELLED, Cancelled, cancelled_result, cancels_from
 from workers.edits import run_with_edits
 from workers.messages import LevelExecutor, WorkItem, WorkResult
@@ -246,7 +247,7 @@ class Worker:
         t0 = time.perf_counter()
         try:
             with cancels_from(check):
-                results = run_with_edits(executor, items)
+                results = run_batch(executor, items, run_with_edits)
             if len(results) != len(items):
                 raise RuntimeError(f"executor returned {len(results)} results for {len(items)} requests")
         except Cancelled as exc:  # an executor that does not answer per request: the whole batch

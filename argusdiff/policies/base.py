@@ -32,6 +32,7 @@ from argusdiff.predictors import DemandPredictor, predictor_spec
 __all__ = [
     "FAMILIES",
     "FLOOR_UNMET",
+    "MODELS_UNSERVED",
     "REGISTRY",
     "CommonOptions",
     "Policy",
@@ -48,6 +49,8 @@ __all__ = [
 
 #: ``Assignment.reason`` of a request refused because no planned level meets its minimum quality
 FLOOR_UNMET = "no worker serves a level at least as good as the requested minimum quality level"
+#: ``Assignment.reason`` of a request refused because no planned level is of a model it allows (its adapter's)
+MODELS_UNSERVED = "no worker serves a level of a model that has the requested adapter"
 
 
 class PolicyError(ConfigError):
@@ -301,12 +304,49 @@ class Policy(abc.ABC):
     # ---- the data path's entry points (the simulator and the live router call these) -------
 
     def decide(self, request: Request, plan: Plan, view: RouteView) -> Assignment:
-        """One request's decision: :meth:`route`, then the request's quality floor."""
-        return self.at_least(request, plan, view, self.route(request, plan, view))
+        """One request's decision: :meth:`route`, then the request's quality floor and models."""
+        a = self.at_least(request, plan, view, self.route(request, plan, view))
+        return self.within_models(request, plan, view, a)
 
     def decide_heavy(self, request: Request, plan: Plan, view: RouteView) -> Assignment:
-        """One cascade deferral's decision: :meth:`route_heavy`, then the request's quality floor."""
-        return self.at_least(request, plan, view, self.route_heavy(request, plan, view))
+        """One cascade deferral's decision: :meth:`route_heavy`, then the request's quality floor
+        and models."""
+        a = self.at_least(request, plan, view, self.route_heavy(request, plan, view))
+        return self.within_models(request, plan, view, a)
+
+    def within_models(self, request: Request, plan: Plan, view: RouteView, a: Assignment) -> Assignment:
+        """``a``, or, when the request may only be served by some models (``request.models``: a LoRA
+        adapter is part of the path's quality profile) and ``a``'s level is of another, a planned
+        level of those models with a worker and within the quality floor: the fastest at least as
+        good as ``a``'s, else the best of them; none: dropped (:data:`MODELS_UNSERVED`)."""
+        allowed = request.models
+        if allowed is None or a.dropped or a.level is None:
+            return a
+        levels = self._all_levels
+        chosen = levels.get(a.level)
+        if chosen is not None and chosen.model in allowed:
+            return a
+        floor = levels[request.min_quality_level].quality - 1e-12 if request.min_quality_level in levels else None
+        served = []
+        for lv in plan.levels:  # best first
+            level = levels.get(lv)
+            if level is None or level.model not in allowed or (floor is not None and level.quality < floor):
+                continue
+            workers = [w for w, x in plan.assignment.items() if x == lv]
+            if workers:
+                served.append((level, workers))
+        if not served:
+            return Assignment(level=None, optimal_level=a.optimal_level, dropped=True, reason=MODELS_UNSERVED)
+        want = chosen.quality - 1e-12 if chosen is not None else float("inf")
+        good = [x for x in served if x[0].quality >= want]
+        level, workers = good[-1] if good else served[0]
+        return Assignment(
+            level=level.id,
+            worker=select_worker(workers, view, level.latency(1)),
+            optimal_level=a.optimal_level,
+            best_effort=a.best_effort,
+            reason="adapter's model",
+        )
 
     def at_least(self, request: Request, plan: Plan, view: RouteView, a: Assignment) -> Assignment:
         """``a``, or, when its level is below the request's ``min_quality_level``, the fastest level

@@ -25,7 +25,7 @@ from typing import Any
 from argusdiff.admission import Admission, AdmissionConfig, Decision
 from argusdiff.config import ServiceConfig
 from argusdiff.domain import ApproxLevel, Assignment, Plan, Profile, Request, Tier, level_catalogue, tier_rank
-from argusdiff.policies.base import FLOOR_UNMET, Policy, RouteView
+from argusdiff.policies.base import FLOOR_UNMET, MODELS_UNSERVED, Policy, RouteView
 from argusdiff.service.errors import ApiError, QueueUnavailable
 from argusdiff.service.explain import explain
 from argusdiff.service.health import CacheHealth
@@ -154,8 +154,14 @@ class Router:
         # admission after the policy (argusdiff.admission; the simulator applies the same)
         scale = getattr(config, "stand_in_scale", None) or 1.0
         self.admission = Admission(self._levels, admission or AdmissionConfig(time_scale=scale))
+        self.adapters = (*profile.adapters, *(fallback.adapters if fallback is not None else ()))
         self.limits = Limits.of(
-            config, profile.name, profile.ids, tuple(sizes or config.sizes or ("512x512",)), moderation=moderation
+            config,
+            profile.name,
+            profile.ids,
+            tuple(sizes or config.sizes or ("512x512",)),
+            moderation=moderation,
+            adapters=self.adapters,
         )
         dispatch.on_done = self.on_done
         dispatch.on_handoff = self.on_handoff
@@ -406,6 +412,10 @@ class Router:
         gid = f"gen-{uuid.uuid4().hex[:24]}"
         rank = tier_rank(spec.tier)
         optimal, similarity, embedding = await self._read_prompt(spec.prompt)
+        models = None
+        if spec.lora is not None:  # the adapter's models only; their latents are its own (no similarity view)
+            models = frozenset(a.model for a in self.adapters if a.name == spec.lora)
+            similarity = None
         embedding_text = encode_embedding(embedding) if embedding is not None else None
         items: list[WorkItem] = []
         levels: list[str] = []
@@ -421,9 +431,20 @@ class Router:
                 tier=spec.tier,
                 min_quality_level=spec.min_quality_level,
                 seed=seed,
+                models=models,
             )
             assignment = self.policy.decide(request, plan, self.view(now, plan, optimal, slo, similarity))
             if assignment.dropped or assignment.level is None:
+                if assignment.reason == MODELS_UNSERVED:
+                    self.metrics.requests.labels("none", "rejected").inc(spec.n)
+                    raise ApiError(
+                        429,
+                        f"no worker currently serves a model with adapter {spec.lora!r}; retry later",
+                        type="server_busy",
+                        param="lora",
+                        code="insufficient_capacity",
+                        headers={"Retry-After": str(self.config.retry_after_s)},
+                    )
                 if assignment.reason == FLOOR_UNMET:
                     self.metrics.requests.labels("none", "rejected").inc(spec.n)
                     raise ApiError(
@@ -611,6 +632,9 @@ class Router:
             tier=Tier(item.meta["tier"]) if item.meta.get("tier") in Tier._value2member_map_ else Tier.STANDARD,
             min_quality_level=item.meta.get("min_quality_level") or None,
             seed=item.seed,
+            models=frozenset(a.model for a in self.adapters if a.name == item.meta["lora"])
+            if item.meta.get("lora")
+            else None,
         )
         plan = self.plan
         if plan is None:

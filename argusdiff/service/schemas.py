@@ -89,10 +89,19 @@ class Limits:
     # OpenAI ``service_tier`` values -> argusdiff tiers ([service] service_tiers)
     service_tiers: tuple[tuple[str, str], ...] = tuple(DEFAULT_SERVICE_TIERS.items())
     moderation: bool = False  # a safety checker runs on the workers ([safety] checker): `moderation` is honoured
+    # LoRA adapters the profile declares: (name, least scale, largest scale) over its models
+    adapters: tuple[tuple[str, float, float], ...] = ()
 
     @classmethod
     def of(
-        cls, config: Any, model: str, levels: tuple[str, ...], sizes: tuple[str, ...], *, moderation: bool = False
+        cls,
+        config: Any,
+        model: str,
+        levels: tuple[str, ...],
+        sizes: tuple[str, ...],
+        *,
+        moderation: bool = False,
+        adapters: Any = (),
     ) -> Limits:
         """A deployment's limits from its ``[service]`` settings, profile name, level ids and sizes."""
         return cls(
@@ -105,7 +114,26 @@ class Limits:
             size_map=size_table(sizes, map_sizes=config.map_sizes),
             service_tiers=tuple(sorted(dict(getattr(config, "service_tiers", DEFAULT_SERVICE_TIERS)).items())),
             moderation=moderation,
+            adapters=adapter_ranges(adapters),
         )
+
+    def adapter(self, ref: Any) -> tuple[str, float | None] | None:
+        """A request's ``lora`` (a name, or ``{"name", "scale"}``) checked against the profile's
+        adapters: (name, scale or None for each model's default); 400 naming ``lora`` otherwise."""
+        if ref is None:
+            return None
+        name, scale = (ref, None) if isinstance(ref, str) else (ref.name, ref.scale)
+        known = {n: (lo, hi) for n, lo, hi in self.adapters}
+        if name not in known:
+            shown = repr(name[:80]).replace("{", "(").replace("}", ")")
+            offered = ", ".join(sorted(known)) or "none (the profile declares no [[adapters]])"
+            raise ApiError(400, f"'lora': adapter {shown} is not served here; adapters: {offered}", param="lora",
+                           code="adapter_not_found")  # fmt: skip
+        lo, hi = known[name]
+        if scale is not None and not lo <= scale <= hi:
+            raise ApiError(400, f"'lora': scale {scale:g} of adapter {name!r} is outside [{lo:g}, {hi:g}]",
+                           param="lora", code="invalid_value")  # fmt: skip
+        return name, scale
 
     def tier(self, value: str, param: str) -> Tier:
         """An argusdiff tier name, or an OpenAI ``service_tier`` value mapped to one (400 naming
@@ -126,6 +154,15 @@ class Limits:
         if size is None or size == "auto":
             return self.sizes[0]
         return size if size in self.sizes else dict(self.size_map)[size]
+
+
+def adapter_ranges(adapters: Any) -> tuple[tuple[str, float, float], ...]:
+    """(name, least scale, largest scale) per adapter name: the scales every model of it accepts."""
+    ranges: dict[str, tuple[float, float]] = {}
+    for a in adapters:
+        lo, hi = ranges.get(a.name, (a.scale_min, a.scale_max))
+        ranges[a.name] = (max(lo, a.scale_min), min(hi, a.scale_max))
+    return tuple((n, lo, hi) for n, (lo, hi) in sorted(ranges.items()))
 
 
 def _orientation(size: str) -> int:
@@ -216,6 +253,16 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
 
 
+class LoraRef(_Request):
+    """A LoRA adapter of the profile (``[[adapters]]``) and, optionally, its scale."""
+
+    name: Annotated[str, StringConstraints(min_length=1, max_length=128)]
+    scale: Annotated[float, BeforeValidator(_seconds)] | None = None
+
+
+Lora = Annotated[str, StringConstraints(min_length=1, max_length=128)] | LoraRef
+
+
 class _Common(_Request):
     prompt: str
     model: str | None = None
@@ -225,6 +272,7 @@ class _Common(_Request):
     output_format: OutputFormat | None = Field(None, description="png (default), jpeg or webp")
     output_compression: _int(0, 100) | None = Field(None, description="0-100, for jpeg and webp (default 100)")
     user: Text | None = None
+    lora: Lora | None = Field(None, description="a LoRA adapter of the profile: its name, or {name, scale}")
 
 
 class OpenAIImageRequest(_Common):
@@ -345,11 +393,17 @@ class GenerationSpec:
     edit_image: str | None = None  # an edit: the input image (base64 PNG at the served size)
     edit_mask: str | None = None  # ... and where to repaint (base64 PNG, white = repaint)
     edit_strength: float | None = None
+    lora: str | None = None  # a LoRA adapter of the profile
+    lora_scale: float | None = None  # None: the adapter's own scale on each model
 
     def item_meta(self) -> dict[str, str]:
         """What the workers need to know beyond the prompt: streaming and its partial images, the
         safety checker's strictness."""
         meta = {"moderation": self.moderation} if self.moderation is not None else {}
+        if self.lora is not None:
+            meta["lora"] = self.lora
+            if self.lora_scale is not None:
+                meta["lora_scale"] = f"{self.lora_scale:g}"
         if self.edit_image is not None:
             meta.update(edit_image=self.edit_image, edit_strength=f"{self.edit_strength or 0.75:g}")
             if self.edit_mask is not None:
@@ -423,6 +477,11 @@ def _bad(message: str, param: str) -> ApiError:
     return ApiError(400, message, param=param, code="invalid_value")
 
 
+def _lora(req: _Common, limits: Limits) -> dict[str, Any]:
+    got = limits.adapter(req.lora)
+    return {} if got is None else {"lora": got[0], "lora_scale": got[1]}
+
+
 def _output(req: _Common) -> dict[str, Any]:
     fmt = req.output_format or "png"
     if req.output_compression is not None and fmt == "png":
@@ -453,6 +512,7 @@ def parse_openai(body: Any, limits: Limits, header_tier: Tier | None = None) -> 
         unhonoured.append(f"partial_images={req.partial_images}")
     tier = limits.tier(req.service_tier, "service_tier") if req.service_tier is not None else header_tier
     return GenerationSpec(
+        **_lora(req, limits),
         prompt=req.prompt,
         n=req.n or 1,
         size=limits.served_size(req.size),
@@ -513,6 +573,7 @@ def parse_edit(
     tier = limits.tier(req.service_tier, "service_tier") if req.service_tier is not None else header_tier
     strength = req.strength if req.strength is not None else (1.0 if ready.mask_b64 is not None else 0.75)
     return GenerationSpec(
+        **_lora(req, limits),
         prompt=req.prompt,
         n=req.n or 1,
         size=size,
@@ -536,6 +597,7 @@ def parse_native(body: Any, limits: Limits, header_tier: Tier | None = None) -> 
     req: Any = _validate(request_models(limits)[1], body)
     tier = Tier(req.tier) if req.tier is not None else header_tier
     return GenerationSpec(
+        **_lora(req, limits),
         prompt=req.prompt,
         n=req.n or 1,
         size=limits.served_size(req.size),
