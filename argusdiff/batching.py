@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, Generic, TypeVar
 
-__all__ = ["MicroBatcher"]
+__all__ = ["LruCache", "MicroBatcher"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -38,6 +38,7 @@ class MicroBatcher(Generic[T, R]):
         max_wait_s: float = 0.005,
         retry_singly: bool = True,
         name: str = "micro-batcher",
+        merge: bool = False,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
@@ -53,6 +54,10 @@ class MicroBatcher(Generic[T, R]):
         self._closed = False
         self.batches = 0  # batches run (observability)
         self.items = 0  # items processed
+        # merge: an item equal to one queued or running shares its future (one computation)
+        self.merge = merge
+        self._inflight: dict[Any, Future] = {}
+        self.merged = 0  # submissions answered by an identical item's computation
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -61,8 +66,20 @@ class MicroBatcher(Generic[T, R]):
         with self._lock:
             if self._closed:
                 raise RuntimeError(f"{self.name} is closed")
+            if self.merge:
+                same = self._inflight.get(item)
+                if same is not None:
+                    self.merged += 1
+                    return same
+                self._inflight[item] = fut
+                fut.add_done_callback(lambda _f, key=item: self._done(key, _f))
             self._queue.put((item, fut))
         return fut
+
+    def _done(self, item: Any, fut: Future) -> None:
+        with self._lock:
+            if self._inflight.get(item) is fut:
+                del self._inflight[item]
 
     def _run(self) -> None:
         while True:
@@ -117,3 +134,43 @@ class MicroBatcher(Generic[T, R]):
             self._closed = True
             self._queue.put(None)
         self._thread.join(timeout)
+
+
+class LruCache(Generic[T, R]):
+    """At most ``capacity`` values by key, the least recently used dropped first (thread-safe)."""
+
+    def __init__(self, capacity: int) -> None:
+        from collections import OrderedDict
+
+        self.capacity = max(0, int(capacity))
+        self._data: OrderedDict[T, R] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: T) -> R | None:
+        with self._lock:
+            value = self._data.get(key)
+            if value is None:
+                self.misses += 1
+                return None
+            self._data.move_to_end(key)
+            self.hits += 1
+            return value
+
+    def put(self, key: T, value: R) -> None:
+        if self.capacity <= 0:
+            return
+        with self._lock:
+            self._data[key] = value
+            self._data.move_to_end(key)
+            while len(self._data) > self.capacity:
+                self._data.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._data)

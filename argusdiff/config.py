@@ -202,7 +202,15 @@ class ClassifierConfig(_Section):
     max_batch: int = Field(32, ge=1, description="live router: largest classification batch")
     max_wait_s: float = Field(0.005, ge=0, description="live router: longest wait to fill a batch")
     precision: Literal["float32", "bfloat16", "int8", "auto"] = Field(
-        "auto", description="level-classifier inference: float32, bfloat16, int8 (dynamic), auto (bf16 if native)"
+        "auto",
+        description="level-classifier inference: float32, bfloat16, int8 (per-channel, CPU), auto (int8 where the "
+        "classifier's int8 gate passed, else bf16 if native, else float32)",
+    )
+    device: str = Field(
+        "cpu", description="where the router's level classifier (MiniLM) runs: cpu, cuda, cuda:1, ... or auto"
+    )
+    repeat_cache: int = Field(
+        1024, ge=0, description="live router: prompts whose encoder output is kept for exact repeats (0: none)"
     )
     threads: int | None = Field(None, ge=1, description="torch threads while classifying (None: process default)")
     discriminator: str | None = Field(None, description="saved discriminator directory (cascades)")

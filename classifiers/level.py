@@ -31,7 +31,10 @@ Inference speed (see docs/classifiers.md, "Inference speed"):
   in input order and equal unbucketed results up to float rounding;
 * ``precision``: ``float32`` (as trained), ``bfloat16`` (encoder in bf16, fast on CPUs with
   native bf16 such as AMX / AVX512-BF16; the mean-pooling head stays float32), ``int8`` (dynamic
-  int8 quantisation of the encoder's Linear layers) or ``auto`` (bfloat16 where the CPU has native
+  int8 quantisation of the encoder's Linear layers with per-channel weight scales, ONNX Runtime or
+  torch: :mod:`classifiers.int8`; the float32 model is kept for :meth:`LevelClassifier.pooled`
+  with ``exact``) or ``auto`` (int8 where the classifier's saved int8 gate passed, on the CPU; else
+  bfloat16 where the CPU has native
   bf16, else float32). Converted classifiers are for inference only (``save`` refuses them);
 * ``threads``: torch intra-op threads while classifying (None: leave the process setting).
 """
@@ -49,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from argusdiff.batching import MicroBatcher
+from argusdiff.batching import LruCache, MicroBatcher
 from argusdiff.loading import MODEL_BUILD_LOCK
 from classifiers._io import default_backbone, read_meta, write_dir_atomically, write_json
 from classifiers.errors import ClassifierInputError, ModelFormatError, ModelMismatchError
@@ -173,7 +176,13 @@ class LevelClassifier:
             raise ClassifierInputError(f"threads must be >= 1 or None, got {threads}")
         self.threads = threads
         self.precision = "float32"
+        self.int8: Any = None  # classifiers.int8.Int8Encoder once precision is int8
         self.set_precision(precision)
+
+    @property
+    def int8_gate_passed(self) -> bool:
+        """Whether the saved int8 gate (:func:`classifiers.int8.int8_gate`) passed for this model."""
+        return bool((self.meta.report.get("int8") or {}).get("passed"))
 
     def set_precision(self, precision: str) -> str:
         """Convert the model for inference (see the module doc); returns the precision in use."""
@@ -181,7 +190,11 @@ class LevelClassifier:
         if precision not in PRECISIONS:
             raise ClassifierInputError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         if precision == "auto":
-            precision = "bfloat16" if native_bf16() else "float32"
+            on_cpu = str(self.device).startswith("cpu")
+            if on_cpu and self.int8_gate_passed and self.meta.pooling == "mean":
+                precision = "int8"
+            else:
+                precision = "bfloat16" if on_cpu and native_bf16() else "float32"
         if precision == self.precision:
             return precision
         if self.precision != "float32":
@@ -192,15 +205,24 @@ class LevelClassifier:
             # mean pooling: encoder in bf16, pooled mean and linear head in float32
             (self.model.base_model if self.meta.pooling == "mean" else self.model).to(torch.bfloat16)
         elif precision == "int8":
-            import warnings
+            if self.meta.pooling != "mean":
+                raise ClassifierInputError("precision int8 needs pooling 'mean' (its encoder runs quantised)")
+            if not str(self.device).startswith("cpu"):
+                raise ClassifierInputError(f"precision int8 runs on the CPU, not {self.device!r}")
+            from classifiers.int8 import Int8Encoder
 
-            from torch.ao.quantization import quantize_dynamic
-
-            with warnings.catch_warnings():  # deprecation notices of torch.ao
-                warnings.simplefilter("ignore")
-                quantize_dynamic(self.model.base_model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
+            self.int8 = Int8Encoder(self.model.base_model, threads=self.threads)
         self.precision = precision
         return precision
+
+    def int8_copy(self) -> LevelClassifier:
+        """This classifier with an int8 per-channel encoder (the float32 model is shared, unchanged)."""
+        import copy
+
+        other = copy.copy(self)
+        other.precision, other.int8 = "float32", None
+        other.set_precision("int8")
+        return other
 
     # ---- construction --------------------------------------------------------------------
 
@@ -298,7 +320,7 @@ class LevelClassifier:
 
     def save(self, path: str | Path) -> Path:
         """Write the classifier directory atomically (replacing an older save at ``path``)."""
-        if self.precision != "float32":
+        if self.precision not in ("float32", "int8"):  # int8 leaves the float32 model as it was
             raise ClassifierInputError(
                 f"this classifier was converted to {self.precision} for inference; save the float32 model"
             )
@@ -356,10 +378,14 @@ class LevelClassifier:
             raise ClassifierInputError(f"prompt {empty[0]} is empty (empty_prompt = 'error')")
         return empty, full
 
-    def encode(self, enc: Mapping[str, Any]) -> Any:
+    def encode(self, enc: Mapping[str, Any], *, exact: bool = False) -> Any:
         """The pooled representation the head sees: the masked mean of the last hidden states
-        (pooling 'mean') or the [CLS] state (pooling 'cls', before the model's own pooler)."""
-        hidden = self.model.base_model(**enc).last_hidden_state
+        (pooling 'mean') or the [CLS] state (pooling 'cls', before the model's own pooler); with an
+        int8 encoder its states, unless ``exact`` (the float32 model's)."""
+        if self.int8 is not None and not exact and not self.model.training:
+            hidden = self.int8.hidden(enc)
+        else:
+            hidden = self.model.base_model(**enc).last_hidden_state
         if self.meta.pooling == "cls":
             return hidden[:, 0]
         hidden = hidden.float()  # the mean (and the head) in float32 whatever the encoder precision
@@ -381,14 +407,15 @@ class LevelClassifier:
         buckets of :func:`length_buckets` (less padding); rows come back in input order."""
         return self._bucketed(prompts, batch_size, self.forward, len(self.level_ids))
 
-    def pooled(self, prompts: Sequence[str], *, batch_size: int = 64) -> np.ndarray:
+    def pooled(self, prompts: Sequence[str], *, batch_size: int = 64, exact: bool = False) -> np.ndarray:
         """The float32 representation the head sees, (n, hidden), bucketed as :meth:`logits`
         (pooling 'mean': the masked mean of the encoder's last hidden states, the sentence
         embedding before its L2 normalisation). :meth:`head_logits` turns it into logits, so one
         encoder pass serves the classifier and anyone else who wants the embedding
         (:mod:`argusdiff.service.prompt_pass`)."""
         width = int(getattr(self.model.config, "hidden_size", 0))
-        return self._bucketed(prompts, batch_size, self.encode, width)
+        fn = (lambda enc: self.encode(enc, exact=True)) if exact else self.encode
+        return self._bucketed(prompts, batch_size, fn, width)
 
     def head_logits(self, pooled: np.ndarray) -> np.ndarray:
         """Logits (n, levels) of :meth:`pooled` rows (inference: no dropout)."""
@@ -528,13 +555,24 @@ class BatchedClassifier:
     trained for the same levels). ``close()`` finishes the queued prompts and stops the thread.
     """
 
-    def __init__(self, classifier: LevelClassifier, *, max_batch: int = 32, max_wait_s: float = 0.005) -> None:
+    def __init__(
+        self,
+        classifier: LevelClassifier,
+        *,
+        max_batch: int = 32,
+        max_wait_s: float = 0.005,
+        repeat_cache: int = 1024,
+    ) -> None:
         self._classifier = classifier
         self._lock = threading.Lock()
+        # identical prompts in flight share one classification; exact repeats are answered from
+        # the last ``repeat_cache`` prompts' levels (emptied when a retrained model is swapped in)
+        self.repeats: LruCache[str, str] = LruCache(repeat_cache)
         try:
             self._batcher: MicroBatcher[str, str] = MicroBatcher(
-                self._predict, max_batch=max_batch, max_wait_s=max_wait_s, name="level-classifier-batcher"
-            )
+                self._predict, max_batch=max_batch, max_wait_s=max_wait_s, name="level-classifier-batcher",
+                merge=True,
+            )  # fmt: skip
         except ValueError as exc:
             raise ClassifierInputError(str(exc)) from None
         self.max_batch = max_batch
@@ -567,12 +605,18 @@ class BatchedClassifier:
         """Prompts classified."""
         return self._batcher.items
 
+    @property
+    def merged(self) -> int:
+        """Prompts answered by an identical prompt's classification that was queued or running."""
+        return self._batcher.merged
+
     def swap(self, classifier: LevelClassifier) -> LevelClassifier:
         """Install ``classifier`` for the next batch; returns the one it replaces."""
         classifier.check_levels(self._classifier.level_ids)
         with self._lock:
             old, self._classifier = self._classifier, classifier
             self.version += 1
+            self.repeats.clear()
         return old
 
     def submit(self, prompt: str) -> Future:
@@ -588,8 +632,16 @@ class BatchedClassifier:
 
     def _predict(self, prompts: list[str]) -> list[str]:
         with self._lock:
-            clf = self._classifier
-        return clf.predict(prompts, batch_size=max(len(prompts), 1))
+            clf, version = self._classifier, self.version
+        known = {p: got for p in dict.fromkeys(prompts) if (got := self.repeats.get(p)) is not None}
+        fresh = [p for p in dict.fromkeys(prompts) if p not in known]
+        if fresh:
+            for p, level in zip(fresh, clf.predict(fresh, batch_size=len(fresh)), strict=True):
+                known[p] = level
+                with self._lock:
+                    if self.version == version:  # not a swapped-out model's answer
+                        self.repeats.put(p, level)
+        return [known[p] for p in prompts]
 
     def close(self, timeout: float | None = 10.0) -> None:
         self._batcher.close(timeout)

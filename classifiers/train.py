@@ -63,6 +63,7 @@ class TrainConfig:
     progress: bool = True
     checkpoint_dir: str | None = None
     feature_batch_size: int = 64
+    int8_gate: bool = True  # measure the int8 encoder against float32 on the validation split
 
     def learning_rate(self) -> float:
         if self.lr is not None:
@@ -434,11 +435,25 @@ def train_level_classifier(
     report.train_s = time.perf_counter() - t0
     report.resumed_from_epoch = resumed
     report.mode = config.mode
-    classifier.meta = replace(
-        classifier.meta,
-        report={k: v for k, v in report.to_dict().items() if k != "history"},
-    )
+    saved = {k: v for k, v in report.to_dict().items() if k != "history"}
+    if config.int8_gate and config.pooling == "mean":
+        saved["int8"] = _int8_gate(classifier, table, val_rows, config.ratio)
+    classifier.meta = replace(classifier.meta, report=saved)
     return classifier, report
+
+
+def _int8_gate(classifier: Any, table: QualityTable, val_rows: np.ndarray, ratio: float) -> dict[str, Any]:
+    """The int8 encoder's gate on the validation split (:func:`classifiers.int8.int8_gate`): the
+    router's ``precision = "auto"`` uses int8 only where it passed."""
+    from classifiers.int8 import int8_gate
+
+    val = table.subset(val_rows)
+    try:
+        return int8_gate(
+            classifier, list(val.prompts), optimal_labels(val, ratio).index, list(dict.fromkeys(table.prompts))
+        )
+    except Exception as exc:  # no int8 back end here: the router stays in float32
+        return {"passed": False, "error": f"{type(exc).__name__}: {exc}"}
 
 
 def evaluate_classifier(classifier: Any, table: QualityTable, *, ratio: float | None = None) -> TrainReport:

@@ -125,13 +125,18 @@ def test_precision_rules(saved, tmp_path):
 
     _, _, path = saved
     auto = LevelClassifier.load(path, precision="auto")
-    assert auto.precision == ("bfloat16" if native_bf16() else "float32")
+    assert auto.precision == ("int8" if auto.int8_gate_passed else "bfloat16" if native_bf16() else "float32")
     with pytest.raises(ClassifierInputError, match="precision must be one of"):
         LevelClassifier.load(path, precision="fp8")
     q = LevelClassifier.load(path, precision="int8")
+    q.save(tmp_path / "q")  # int8 runs beside the float32 model, which is saved unchanged
+    assert LevelClassifier.load(tmp_path / "q").predict(["a red apple"]) == LevelClassifier.load(path).predict(
+        ["a red apple"]
+    )
+    bf = LevelClassifier.load(path, precision="bfloat16")
     with pytest.raises(ClassifierInputError, match="save the float32 model"):
-        q.save(tmp_path / "q")
-    assert not (tmp_path / "q").exists()
+        bf.save(tmp_path / "bf")
+    assert not (tmp_path / "bf").exists()
     with pytest.raises(ClassifierInputError, match="reload it"):
         q.set_precision("bfloat16")
     assert q.set_precision("int8") == "int8"  # same precision again is a no-op

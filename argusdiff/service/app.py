@@ -95,6 +95,7 @@ def load_classifier(settings: Settings, profile: Profile) -> Any:
     if path is None and not cfg.fit_at_start:
         return None
     from classifiers.level import BatchedClassifier, LevelClassifier
+    from workers.registry import resolve_device
 
     if path is None:
         from classifiers.first_start import fit_at_start
@@ -114,8 +115,14 @@ def load_classifier(settings: Settings, profile: Profile) -> Any:
             clf.description, report["holdout_accuracy"], report["fit_s"],
         )  # fmt: skip
     else:
-        clf = LevelClassifier.load(path, level_ids=profile.ids, precision=cfg.precision, threads=cfg.threads)
-    return BatchedClassifier(clf, max_batch=cfg.max_batch, max_wait_s=cfg.max_wait_s)
+        clf = LevelClassifier.load(
+            path,
+            level_ids=profile.ids,
+            device=resolve_device(cfg.device),
+            precision=cfg.precision,
+            threads=cfg.threads,
+        )
+    return BatchedClassifier(clf, max_batch=cfg.max_batch, max_wait_s=cfg.max_wait_s, repeat_cache=cfg.repeat_cache)
 
 
 class Service:
@@ -195,6 +202,7 @@ class Service:
                 cache_similarity,
                 max_batch=settings.classifier.max_batch,
                 max_wait_s=settings.classifier.max_wait_s,
+                repeat_cache=settings.classifier.repeat_cache,
             )
         self.router = Router(
             profile=self.profile,

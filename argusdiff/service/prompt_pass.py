@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from argusdiff.batching import MicroBatcher
+from argusdiff.batching import LruCache, MicroBatcher
 
 __all__ = ["SHARE_MIN_COSINE", "PromptPass", "PromptReading", "shares_encoder"]
 
@@ -56,8 +56,13 @@ def shares_encoder(classifier: Any, embed: Any) -> tuple[bool, str]:
     meta = getattr(classifier, "meta", None)
     if getattr(meta, "pooling", None) != "mean" or not hasattr(classifier, "pooled"):
         return False, "the classifier does not mean-pool its encoder's states"
+    int8 = getattr(classifier, "precision", "float32") == "int8"
+    if int8 and not getattr(classifier, "int8_gate_passed", False):
+        return False, "its int8 encoder has no passed gate (classifiers.int8.int8_gate)"
     try:
-        a = np.asarray(classifier.pooled(list(PROBES)), dtype=np.float64)
+        # an int8 encoder is the float32 one quantised within its gate: compare the float32 one
+        probe = classifier.pooled(list(PROBES), exact=True) if int8 else classifier.pooled(list(PROBES))
+        a = np.asarray(probe, dtype=np.float64)
         b = np.asarray(embed(list(PROBES)), dtype=np.float64)
     except Exception as exc:  # an encoder that cannot run here cannot be shared
         return False, f"cannot compare the encoders: {exc}"
@@ -68,6 +73,8 @@ def shares_encoder(classifier: Any, embed: Any) -> tuple[bool, str]:
     cos = float((a * b).sum(axis=1).min())
     if cos < SHARE_MIN_COSINE:
         return False, f"different encoders (probe cosine {cos:.4f} < {SHARE_MIN_COSINE})"
+    if int8:
+        return True, f"one encoder, run in int8 within its gate (float32 probe cosine {cos:.5f})"
     return True, f"one encoder (probe cosine {cos:.5f})"
 
 
@@ -93,15 +100,34 @@ class PromptPass:
     ``lookup=False`` skips the index query (an unhealthy cache) but still classifies.
     """
 
-    def __init__(self, classifier: Any, similarity: Any, *, max_batch: int = 32, max_wait_s: float = 0.005) -> None:
+    def __init__(
+        self,
+        classifier: Any,
+        similarity: Any,
+        *,
+        max_batch: int = 32,
+        max_wait_s: float = 0.005,
+        repeat_cache: int = 1024,
+        merge: bool = True,
+    ) -> None:
         self.holder = classifier
         self.similarity = similarity
         self._sharing: dict[int, tuple[bool, str]] = {}  # id(classifier) -> shares_encoder(...)
         self.encoded = 0  # prompt-encoder passes run (one per prompt when shared, two otherwise)
         self.prompts = 0
+        # the encoder's output (level, unit embedding) of recent prompts, for the live model only:
+        # an exact repeat is not encoded again (its index query still runs: the cache changes)
+        self.repeats: LruCache[str, tuple[str | None, np.ndarray]] = LruCache(repeat_cache)
+        self._repeats_of: int | None = None  # id() of the classifier the repeats were made with
         self._batcher: MicroBatcher[tuple[str, bool], PromptReading] = MicroBatcher(
-            self._batch, max_batch=max_batch, max_wait_s=max_wait_s, retry_singly=False, name="prompt-pass"
-        )
+            self._batch, max_batch=max_batch, max_wait_s=max_wait_s, retry_singly=False, name="prompt-pass",
+            merge=merge,
+        )  # fmt: skip
+
+    @property
+    def merged(self) -> int:
+        """Prompts answered by an identical prompt's pass that was queued or running."""
+        return self._batcher.merged
 
     @classmethod
     def of(cls, classifier: Any, similarity: Any, **kw: Any) -> PromptPass | None:
@@ -141,23 +167,38 @@ class PromptPass:
         vecs: np.ndarray | None = None
         verr: BaseException | None = None
         if self.sharing(clf)[0]:
+            if self._repeats_of != id(clf):  # another model (a drift retrain): its own outputs
+                self.repeats.clear()
+                self._repeats_of = id(clf)
+            known = {p: got for p in dict.fromkeys(prompts) if (got := self.repeats.get(p)) is not None}
+            # merging: each distinct prompt of the batch once (else every one, as it came)
+            fresh = [p for p in (dict.fromkeys(prompts) if self._batcher.merge else prompts) if p not in known]
             try:
-                pooled = clf.pooled(prompts, batch_size=len(prompts))
+                pooled = clf.pooled(fresh, batch_size=max(1, len(fresh)))
             except Exception as exc:  # the encoder failed: both parts of every reading
                 cerr = [exc] * len(items)
                 verr = exc
             else:
-                self.encoded += len(prompts)
+                self.encoded += len(fresh)
                 norms = np.linalg.norm(pooled, axis=1, keepdims=True)
-                vecs = (pooled / np.maximum(norms, 1e-12)).astype(np.float32, copy=False)
+                unit = (pooled / np.maximum(norms, 1e-12)).astype(np.float32, copy=False)
+                fresh_levels: list[str | None] = [None] * len(fresh)
                 try:
-                    levels = list(clf.predict_pooled(prompts, pooled))
+                    fresh_levels = list(clf.predict_pooled(fresh, pooled))
                 except Exception:  # one bad prompt (e.g. empty with empty_prompt = "error"): alone
-                    for i, p in enumerate(prompts):
+                    for i, p in enumerate(fresh):
                         try:
-                            levels[i] = clf.predict_pooled([p], pooled[i : i + 1])[0]
+                            fresh_levels[i] = clf.predict_pooled([p], pooled[i : i + 1])[0]
                         except Exception as one:
-                            cerr[i] = one
+                            for j, q in enumerate(prompts):
+                                if q == p:
+                                    cerr[j] = one
+                for i, p in enumerate(fresh):
+                    if fresh_levels[i] is not None:
+                        self.repeats.put(p, (fresh_levels[i], unit[i]))
+                    known[p] = (fresh_levels[i], unit[i])
+                levels = [known[p][0] for p in prompts]
+                vecs = np.stack([known[p][1] for p in prompts]) if prompts else None
         else:
             try:
                 levels = list(clf.predict(prompts, batch_size=len(prompts)))
