@@ -543,6 +543,8 @@ class Router:
         """``lease`` (a tenant's concurrent slot, :class:`argusdiff.service.quotas.Lease`) is held
         until every image of ``sub`` is done (finished, cancelled or lost); released at once when
         none is in flight here (a replayed generation, or one already done)."""
+        if getattr(lease, "quotas", None) is None:  # nothing held (no concurrent quota)
+            return
         left = {rid for rid in sub.request_ids if rid in self.inflight}
         if not left:
             lease.release_soon()
