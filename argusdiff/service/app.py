@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from argusdiff.config import Settings
-from argusdiff.domain import Profile, Strategy, level_catalogue
+from argusdiff.domain import Profile, Strategy, Tier, level_catalogue
 from argusdiff.policies import make_policy
 from argusdiff.profile import PROFILE_DIR, load_profile
 from argusdiff.service.caches import build_cache
@@ -220,6 +220,9 @@ class Service:
             moderation=settings.safety.checker != "off",
         )
         self.dispatch.on_forget = self.router.forget_items
+        for tier in Tier:  # the deadline a request of the tier gets without its own slo_s (Router.slo_for)
+            factor = float(cfg.tier_slo_factors.get(tier.value, 1.0))
+            self.metrics.slo.labels(tier.value).set(self.policy.slo_s * factor)
         self.quotas = self._quotas()
         if cache_probe is None and cache is not None:
             cache_probe = self._probe_latent_cache

@@ -25,7 +25,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from argusdiff.domain import ClusterStats, Plan, Strategy
+from argusdiff.domain import TIER_PRIORITY, ClusterStats, Plan, Strategy
 from argusdiff.service.cluster import ClusterRouterView
 from argusdiff.service.metrics import ServiceMetrics
 from argusdiff.service.ports import ControlQueue
@@ -178,6 +178,10 @@ class ControlLoop:
                 log.warning("queue depth of %s unavailable: %s", lv, exc)
         for lv, depth in level_queue.items():
             self.metrics.backlog.labels(lv).set(depth)
+        tier_load = getattr(self.router, "tier_load", None) or {}  # this router's in-flight images
+        for lv in self.level_ids:
+            for rank, tier in enumerate(TIER_PRIORITY):
+                self.metrics.queue_depth_tier.labels(lv, tier).set(tier_load.get((lv, rank), 0))
         workers = tuple(sorted(alive))
         current = {w: info.get("level") for w, info in alive.items()}
         loading = {w: info["loading"] for w, info in alive.items() if info.get("loading")}
@@ -260,8 +264,19 @@ class ControlLoop:
         counts = Counter(lv for lv in plan.assignment.values() if lv is not None)
         for lv in self.level_ids:
             m.workers_at.labels(lv).set(counts.get(lv, 0))
+        m.capacity_qpm.set(self._capacity_qpm(plan, counts))
         for s in Strategy:
             m.strategy.labels(s.value).set(1 if plan.strategy is s else 0)
+
+    def _capacity_qpm(self, plan: Plan, counts: Counter) -> float:
+        """What the plan's assigned workers serve per minute at their levels' batch sizes."""
+        total = 0.0
+        for lv, n in counts.items():
+            level = self.levels.get(lv)
+            if level is not None:
+                b = int(plan.batch_sizes.get(lv, 1))
+                total += n * (level.peak_qpm if b <= 1 else level.throughput_qpm(b))
+        return total
 
     # -- the loop --------------------------------------------------------------------------
 

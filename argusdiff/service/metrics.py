@@ -34,6 +34,10 @@ class ServiceMetrics:
             registry=r,
         )
         self.queue_depth = Gauge("argusdiff_queue_depth", "Images queued or running per level", ["level"], registry=r)
+        self.queue_depth_tier = Gauge(
+            "argusdiff_queue_depth_by_tier", "Images queued or running per level and tier, per control tick",
+            ["level", "tier"], registry=r,
+        )  # fmt: skip
         self.backlog = Gauge(
             "argusdiff_queue_backlog", "Items in the level's queue (queued + taken, not acked), per control tick",
             ["level"], registry=r,
@@ -41,6 +45,14 @@ class ServiceMetrics:
         self.plan_changes = Counter("argusdiff_plan_changes", "Plans published with a changed allocation", registry=r)
         self.plan_version = Gauge("argusdiff_plan_version", "Version of the plan in force", registry=r)
         self.predicted_qpm = Gauge("argusdiff_predicted_qpm", "Demand the plan was made for (QPM)", registry=r)
+        self.capacity_qpm = Gauge(
+            "argusdiff_capacity_qpm", "Throughput of the plan's assigned workers at their levels and batch sizes (QPM)",
+            registry=r,
+        )  # fmt: skip
+        self.slo = Gauge(
+            "argusdiff_slo_seconds", "Latency SLO of a request of each tier that sets no slo_s of its own", ["tier"],
+            registry=r,
+        )  # fmt: skip
         self.saturated = Gauge("argusdiff_saturated", "1 when the plan cannot meet the predicted demand", registry=r)
         self.workers_up = Gauge("argusdiff_workers_up", "Workers with a recent heartbeat", registry=r)
         self.workers_at = Gauge("argusdiff_workers_at_level", "Workers assigned to each level", ["level"], registry=r)
