@@ -45,6 +45,16 @@ def build_lora(models_dir: str, out, kind: str = "tiny-sd", seed: int = 0) -> st
 
 
 @pytest.fixture(scope="module")
+def demo_registry(demo_models_dir):
+    """A registry of this module's own: loading adapters wraps the pipeline's layers (peft), and the
+    session's shared registry must stay as plain as the other tests expect it (they compare and save
+    its weights)."""
+    from workers.registry import ModelRegistry
+
+    return ModelRegistry(device="cpu", models_dir=demo_models_dir, max_loaded=2)
+
+
+@pytest.fixture(scope="module")
 def loras(demo_models_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("loras")
     return {

@@ -185,7 +185,7 @@ def test_single_file_checkpoint_loads_with_from_single_file(demo_registry, tmp_p
     demo = ModelRegistry(device="cpu", models_dir=tmp_path, overrides={"ckpt": {**spec, "config": "demo:tiny-sd"}})
     assert _same_weights(demo.load("ckpt").pipe.unet, base.unet)  # a demo model's folder as the config
     bare = ModelRegistry(device="cpu", models_dir=tmp_path, overrides={"ckpt": {**spec, "config": None}})
-    with pytest.raises(ModelLoadError, match=r"ckpt.*set `config`"):
+    with pytest.raises(ModelLoadError, match=r"(?s)ckpt.*set `config`"):
         bare.load("ckpt")
 
 
