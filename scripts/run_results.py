@@ -306,9 +306,7 @@ def main() -> int:
             t0 = time.perf_counter()
             spec = {**common, "trace": trace}
             res = run_replay(ReplaySpec(**spec, policies=policies, ablation=True))
-            merge_runs(
-                res, {**spec, "profile": "sm-a100", "policies": ["argus", "argus+", "pac"]}, sm_label
-            )
+            merge_runs(res, {**spec, "profile": "sm-a100", "policies": ["argus", "argus+", "pac"]}, sm_label)
             merge_runs(
                 res, {**spec, "policies": ["argus+"], "mixed": True}, lambda lb: lb if lb.endswith("(AC+SM)") else None
             )

@@ -578,9 +578,7 @@ def test_a_cold_start_plan_gives_up_no_value_for_load_times():
     specs = list(profile.cascade_specs)
     workers = [f"w{i}" for i in range(8)]
     row = tuple(lv.quality / profile.levels[0].quality for lv in profile.levels)
-    kw = dict(
-        cascades=specs, cascade_tables=ranked_deferral(profile, specs), class_quality=[row] * len(profile.levels)
-    )
+    kw = dict(cascades=specs, cascade_tables=ranked_deferral(profile, specs), class_quality=[row] * len(profile.levels))
     problem = problem_from_profile(profile, workers, 78.0, current=dict.fromkeys(workers), **kw)
     best = plan_unified(problem, switch_tolerance=0.0)
     assert best.counts["sdxl-base-1.0"] >= 6
