@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -70,9 +71,24 @@ class RedisServer:
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
+            if self.frozen:
+                self.thaw()
             self.proc.terminate()
             self.proc.wait(timeout=10)
         self.proc = None
+
+    frozen = False
+
+    def freeze(self) -> None:
+        """SIGSTOP: the server keeps its sockets open but answers nothing (a stall, not a death)."""
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGSTOP)
+        self.frozen = True
+
+    def thaw(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGCONT)
+        self.frozen = False
 
 
 @pytest.fixture

@@ -223,6 +223,7 @@ class Service:
         for tier in Tier:  # the deadline a request of the tier gets without its own slo_s (Router.slo_for)
             factor = float(cfg.tier_slo_factors.get(tier.value, 1.0))
             self.metrics.slo.labels(tier.value).set(self.policy.slo_s * factor)
+        self.dispatch.on_error = self.router.metrics.queue_errors.inc
         self.quotas = self._quotas()
         if cache_probe is None and cache is not None:
             cache_probe = self._probe_latent_cache

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
@@ -47,9 +48,15 @@ from argusdiff.service.transport.protocol import summarize
 from workers.cancel import CANCELLED
 from workers.messages import WorkItem, WorkResult
 
-__all__ = ["Delivery", "Dispatch", "LocalDispatch", "RedisDispatch"]
+__all__ = ["Delivery", "Dispatch", "LocalDispatch", "RedisDispatch", "jittered"]
 
 log = logging.getLogger("argusdiff.service")
+
+
+def jittered(backoff_s: float) -> float:
+    """A reconnect wait drawn uniformly from [backoff/2, backoff] ("equal jitter"), so that the
+    routers and workers that lost Redis together do not all retry in the same instant."""
+    return backoff_s * (0.5 + random.random() / 2)
 
 
 @dataclass(slots=True)
@@ -94,6 +101,8 @@ class Dispatch:
         # when the heavy level redoes it, (None, final result) when the light image is kept or the
         # request dropped; unset: the heavy level redoes every hand-off
         self.on_handoff: Callable[[str, WorkResult], tuple[WorkItem | None, WorkResult | None]] | None = None
+        # a failed transport operation outside a request (the results listener's)
+        self.on_error: Callable[[], None] | None = None
 
     @property
     def queue(self) -> Any:  # the synchronous WorkQueue (control loop, in-process workers)
@@ -526,6 +535,9 @@ class RedisDispatch(Dispatch):
             self._lost(lost, "the queue lost this request (Redis restarted without persistence?); retry it")
 
     async def _listen(self) -> None:
+        """Follow the ``done`` stream. Its blocking read times out a socket timeout after the block
+        (a frozen Redis), so ``healthy`` turns false within about ``block_ms`` + 2 s of a freeze
+        or an outage, and true again at the first ping that answers."""
         backoff = 0.05
         last_sweep = time.monotonic()
         while True:
@@ -535,7 +547,7 @@ class RedisDispatch(Dispatch):
                     self.healthy = True
                     log.info("redis is reachable again")
                     await self._catch_up()
-                self._last_id, done = await self.aio.read_done(self._last_id, block_ms=500)
+                self._last_id, done = await self.aio.read_done(self._last_id, block_ms=self.aio.block_ms)
                 backoff = 0.05
                 handoffs = [rid for rid, summary in done if summary.get("handoff")]
                 for rid, summary in done:
@@ -556,8 +568,10 @@ class RedisDispatch(Dispatch):
             except Exception as exc:
                 if self.healthy:
                     log.warning("redis unavailable: %s", exc)
+                    if self.on_error is not None:
+                        self.on_error()
                 self.healthy = False
-                await asyncio.sleep(backoff)
+                await asyncio.sleep(jittered(backoff))
                 backoff = min(1.0, backoff * 2)
 
     async def _follow_events(self) -> None:
@@ -572,7 +586,7 @@ class RedisDispatch(Dispatch):
                 raise
             except Exception as exc:
                 log.debug("event subscription interrupted: %s", exc)
-            await asyncio.sleep(backoff)
+            await asyncio.sleep(jittered(backoff))
             backoff = min(1.0, backoff * 2)
 
     async def _handoff(self, request_id: str, result: WorkResult) -> None:
@@ -582,7 +596,7 @@ class RedisDispatch(Dispatch):
             return
         item, final = self._decide_handoff(request_id, result)
         if item is not None:
-            entries = await self.aio.enqueue([item])
+            entries = await self.aio.enqueue([item], deadline=False)  # a late run only delays it
             self._requeued(request_id, item, entries[0] if entries else None)
         elif final is not None:
             await self.aio.publish_result(request_id, final, self.result_ttl_s)

@@ -101,7 +101,11 @@ class ServiceMetrics:
             ["reason"],
             registry=r,
         )
-        self.queue_errors = Counter("argusdiff_queue_errors", "Failed queue (Redis) operations", registry=r)
+        self.queue_errors = Counter(
+            "argusdiff_queue_errors",
+            "Requests refused because the queue (Redis) failed or is unreachable, and outages the results listener saw",
+            registry=r,
+        )
         self.result_memory = Gauge(
             "argusdiff_result_memory_bytes", "Router memory held by finished results and their images", registry=r
         )

@@ -406,6 +406,7 @@ class Router:
         if plan is None or not any(lv is not None for lv in plan.assignment.values()):
             raise self._busy("the service is starting: no plan with a worker yet; retry shortly", "not_ready")
         if self.dispatch.mode == "redis" and not self.dispatch.healthy:
+            self.metrics.queue_errors.inc()
             raise self._busy(_QUEUE_DOWN, "queue_unavailable")
         now = self.clock()
         slo = self.slo_for(spec)

@@ -37,7 +37,11 @@ from typing import Any
 
 import redis
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError, ResponseError, WatchError
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError, ResponseError
+from redis.retry import Retry as SyncRetry
 
 from argusdiff.domain import TIER_PRIORITY, Tier, tier_rank
 from argusdiff.service.errors import QueueUnavailable
@@ -143,6 +147,36 @@ end
 return nil
 """
 
+#: The router's enqueue: a request's work items (one XADD per item, KEYS after the fixed ones), its
+#: record and, for an ``Idempotency-Key``, the key's accepted value, in one atomic step that runs
+#: only while Redis's clock is at or before ARGV[1] (ms; 0: no limit) -- a transaction that Redis
+#: reads late (it was frozen, the router gave up and answered "not accepted") does nothing -- and only
+#: once (a record already there: a retry of one that ran). ARGV[2]: the fixed keys (0 none, 1 the
+#: record, 2 the record and the idempotency key); then the record's JSON and expiry (ms), the
+#: reservation the idempotency key must still hold, its accepted value and expiry; then one item
+#: JSON per stream key. Returns {'ok', entry ids...}, {'expired'}, {'exists'} or {'conflict'}.
+_ENQUEUE = """
+local limit = tonumber(ARGV[1])
+if limit > 0 then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if now > limit then return {'expired'} end
+end
+local fixed = tonumber(ARGV[2])
+if fixed >= 1 and redis.call('EXISTS', KEYS[1]) == 1 then return {'exists'} end
+if fixed == 2 and redis.call('GET', KEYS[2]) ~= ARGV[5] then return {'conflict'} end
+local out = {'ok'}
+for i = fixed + 1, #KEYS do
+  out[#out + 1] = redis.call('XADD', KEYS[i], '*', 'item', ARGV[7 + i - fixed])
+end
+if fixed >= 1 then redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[4]) end
+if fixed == 2 then redis.call('SET', KEYS[2], ARGV[6], 'PX', ARGV[7]) end
+return out
+"""
+
+#: How long a Redis clock reading stays good for enqueue deadlines (s): clocks drift apart slowly.
+CLOCK_READING_S = 5.0
+
 #: Delete a stream entry only if no consumer has it pending (no worker took it): 1 when deleted.
 _CANCEL_QUEUED = """
 local pending = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
@@ -156,8 +190,23 @@ def sync_client(url: str | None, socket_timeout_s: float, who: str) -> redis.Red
     if url is None:
         raise ValueError(f"{who} needs a url or a client")
     return redis.Redis.from_url(
-        url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s, health_check_interval=10
+        url,
+        socket_timeout=socket_timeout_s,
+        socket_connect_timeout=socket_timeout_s,
+        health_check_interval=HEALTH_CHECK_S,
+        retry=_reconnect(SyncRetry),
     )
+
+
+#: A pooled connection idle this long is PINGed before use (a restarted Redis closed it).
+HEALTH_CHECK_S = 5
+
+
+def _reconnect(cls):
+    """Retry a command once more on a new connection when its connection was closed (a restarted
+    Redis leaves every pooled connection dead), after a jittered backoff so many clients do not
+    reconnect in step. Never on a timeout: a command that timed out may still run."""
+    return cls(ExponentialWithJitterBackoff(base=0.05, cap=1.0), 2, supported_errors=(RedisConnectionError,))
 
 
 def redis_call(fn, *args, **kwargs):
@@ -498,14 +547,34 @@ class AsyncRedisDispatch:
     """The router's asyncio side: enqueue, listen for finished requests, store request records
     and url images. Every failure becomes :class:`QueueUnavailable`."""
 
-    def __init__(self, url: str, *, namespace: str = "argusdiff", socket_timeout_s: float = 2.0) -> None:
+    def __init__(
+        self, url: str, *, namespace: str = "argusdiff", socket_timeout_s: float = 2.0, block_ms: int = 500
+    ) -> None:
+        self.socket_timeout_s = socket_timeout_s
         self.r = aioredis.Redis.from_url(
-            url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s, health_check_interval=10
+            url,
+            socket_timeout=socket_timeout_s,
+            socket_connect_timeout=socket_timeout_s,
+            health_check_interval=HEALTH_CHECK_S,
+            retry=_reconnect(AsyncRetry),
         )
-        # a second connection pool for the blocking XREAD so it never starves the data path
-        self.listen_r = aioredis.Redis.from_url(url, socket_timeout=None, socket_connect_timeout=socket_timeout_s)
+        # a second pool for the blocking XREAD so it never starves the data path; its reads time out
+        # a socket timeout after the block ends, so a frozen Redis turns the router unhealthy
+        self.block_ms = block_ms
+        self.listen_r = aioredis.Redis.from_url(
+            url,
+            socket_timeout=block_ms / 1000 + socket_timeout_s,
+            socket_connect_timeout=socket_timeout_s,
+            retry=_reconnect(AsyncRetry),
+        )
+        # pub/sub waits as long as no event comes (a restart ends it with a connection error)
+        self.events_r = aioredis.Redis.from_url(url, socket_timeout=None, socket_connect_timeout=socket_timeout_s)
         self.keys = RedisKeys(namespace)
         self._groups: set[str] = set()
+        self._enqueue = self.r.register_script(_ENQUEUE)
+        self._clock: tuple[float, float] | None = None  # (Redis's clock in ms, time.monotonic() when read)
+        #: an enqueue that Redis has not run this long after it was sent never runs (s)
+        self.accept_window_s = 0.75 * socket_timeout_s
 
     async def _ensure_group(self, level_id: str, tier: str | None = None) -> str:
         stream = self.keys.stream(level_id, tier)
@@ -524,51 +593,75 @@ class AsyncRedisDispatch:
         except (RedisError, OSError):
             return False
 
-    async def enqueue(self, items: Iterable[WorkItem], record: tuple[str, dict, float] | None = None) -> list[str]:
-        """Queue items atomically, with the request's record (id, JSON, ttl) in the same transaction;
-        returns each item's stream entry id.
+    async def redis_clock_ms(self) -> tuple[float, float]:
+        """A reading of Redis's clock: (its time in ms, ``time.monotonic()`` when the reply came),
+        read again when older than :data:`CLOCK_READING_S`."""
+        now = time.monotonic()
+        if self._clock is None or now - self._clock[1] > CLOCK_READING_S:
+            sec, usec = await self.r.time()
+            self._clock = (sec * 1000 + usec / 1000, time.monotonic())
+        return self._clock
+
+    async def enqueue(
+        self, items: Iterable[WorkItem], record: tuple[str, dict, float] | None = None, *, deadline: bool = True
+    ) -> list[str | None]:
+        """Queue items atomically, with the request's record (id, JSON, ttl) in the same step;
+        returns each item's stream entry id (None for every item when the step had already run:
+        a retry after a lost connection).
+
+        With ``deadline`` the step runs only if Redis reads it within :attr:`accept_window_s` of its
+        sending, measured on Redis's clock (read at most :data:`CLOCK_READING_S` before), so an
+        enqueue that raised :class:`QueueUnavailable` never runs later: a refusal is true.
 
         For a request sent with an ``Idempotency-Key`` (:func:`argusdiff.service.idempotency.current_guard`)
-        the transaction also turns the key's reservation into the accepted generation id, and runs
-        only while the reservation is still ours (``WATCH``); else nothing is queued and
+        the step also turns the key's reservation into the accepted generation id, and runs only
+        while the reservation is still ours; else nothing is queued and
         :class:`~argusdiff.service.idempotency.IdempotencyConflict` is raised."""
         from argusdiff.service.idempotency import IdempotencyConflict, current_guard
 
-        guard = current_guard()
+        guard = current_guard() if record is not None else None
         items = list(items)
         try:
             for item in items:
                 await self._ensure_group(item.level, item.tier)
-            async with self.r.pipeline(transaction=True) as pipe:
+            limit = 0
+            if deadline:
+                clock_ms, read_at = await self.redis_clock_ms()
+                # Redis's clock when it reads the step is at least clock_ms + (send - read_at): a
+                # step read later than the window after its sending is refused
+                limit = int(clock_ms + (time.monotonic() - read_at + self.accept_window_s) * 1000)
+            keys: list[str] = []
+            args: list[Any] = [limit, 0, "", 0, "", "", 0]
+            if record is not None:
+                rid, data, ttl = record
+                keys.append(self.keys.request(rid))
+                args[1:4] = [1, json.dumps(data), max(1, int(ttl * 1000))]
                 if guard is not None:
-                    await pipe.watch(guard.key)
-                    held = await pipe.get(guard.key)
-                    if held is None or decode(held) != guard.reservation:
-                        guard.conflict = True
-                        raise IdempotencyConflict("the idempotency key's reservation is no longer ours")
-                    pipe.multi()
-                for item in items:
-                    pipe.xadd(self.keys.stream(item.level, item.tier), {"item": json.dumps(item.to_dict())})
-                if record is not None:
-                    rid, data, ttl = record
-                    pipe.set(self.keys.request(rid), json.dumps(data), px=int(ttl * 1000))
-                    if guard is not None:
-                        pipe.set(guard.key, guard.accepted(rid), px=int(guard.ttl_s * 1000))
-                replies = await pipe.execute()
-            return [_entry_ref(item, decode(r)) for item, r in zip(items, replies, strict=False)]
-        except WatchError as exc:
-            if guard is not None:
-                guard.conflict = True
-            raise IdempotencyConflict("the idempotency key changed during the enqueue") from exc
-        except IdempotencyConflict:
-            raise
+                    keys.append(guard.key)
+                    args[1] = 2
+                    args[4:7] = [guard.reservation, guard.accepted(rid), max(1, int(guard.ttl_s * 1000))]
+            keys.extend(self.keys.stream(item.level, item.tier) for item in items)
+            args.extend(json.dumps(item.to_dict()) for item in items)
+            reply = await self._enqueue(keys=keys, args=args)
         except ResponseError as exc:
             if "NOGROUP" in str(exc):
                 self._groups.clear()
             raise QueueUnavailable(f"redis: {exc}") from exc
         except (RedisError, OSError) as exc:
             self._groups.clear()
+            self._clock = None
             raise QueueUnavailable(f"redis unavailable: {exc}") from exc
+        status = decode(reply[0])
+        if status == "ok":
+            return [_entry_ref(item, decode(r)) for item, r in zip(items, reply[1:], strict=True)]
+        if status == "exists":
+            return [None] * len(items)
+        if status == "conflict":
+            assert guard is not None
+            guard.conflict = True
+            raise IdempotencyConflict("the idempotency key's reservation is no longer ours")
+        self._clock = None
+        raise QueueUnavailable("redis read the enqueue too late; it was not run")
 
     async def _do(self, coro):
         try:
@@ -662,7 +755,7 @@ class AsyncRedisDispatch:
 
     async def events(self):
         """Step events of streamed items: ``(request id, event)`` while subscribed."""
-        pubsub = self.listen_r.pubsub(ignore_subscribe_messages=True)
+        pubsub = self.events_r.pubsub(ignore_subscribe_messages=True)
         try:
             await pubsub.subscribe(self.keys.events)
             async for msg in pubsub.listen():
@@ -676,6 +769,6 @@ class AsyncRedisDispatch:
                 await pubsub.aclose()
 
     async def close(self) -> None:
-        for client in (self.r, self.listen_r):
+        for client in (self.r, self.listen_r, self.events_r):
             with contextlib.suppress(RedisError, OSError):
                 await client.aclose()
