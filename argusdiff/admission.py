@@ -23,7 +23,12 @@ that, whether the request enters the queue at all:
 
 The level a request "may take" is the level its policy chose: a policy that can move a request
 (argus+ moves a request that would be late to a faster level) has done so in ``route``; admission
-never re-routes, because the policy owns every routing decision. A level that no worker serves
+never re-routes, because the policy owns every routing decision. Such a policy returns its deadline
+verdict with the assignment (:class:`~argusdiff.domain.DeadlineVerdict`, judged with
+:mod:`argusdiff.deadline`'s finish estimate against the same deadline, ``arrival +
+deadline_factor × SLO``): admission then takes the verdict as its test. It never refuses a request
+the policy routed to be on time (neither the estimate above nor the cap second-guess it), and it
+refuses one that no allowed path finishes in time. A level that no worker serves
 (the request waits for the next plan) is judged by the cap only: nothing says when it will run.
 
 A refusal carries ``retry_after_s``, the time until the backlog has drained enough for a request
@@ -43,7 +48,7 @@ import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from argusdiff.domain import ApproxLevel, Plan
+from argusdiff.domain import ApproxLevel, DeadlineVerdict, Plan
 from argusdiff.errors import ConfigError
 
 __all__ = ["ADMITTED", "Admission", "AdmissionConfig", "Decision", "serving_workers"]
@@ -194,13 +199,20 @@ class Admission:
         now_s: float,
         arrival_s: float,
         slo_s: float,
+        verdict: DeadlineVerdict | None = None,
     ) -> Decision:
         """Admit or refuse one request routed to ``level_id``. ``queued``: requests routed to the
         level and not finished (in service included; for an ``n > 1`` request, its images already
-        admitted count); ``workers``: workers serving the level now."""
+        admitted count); ``workers``: workers serving the level now; ``verdict``: the policy's
+        deadline judgement, when it gives one (the test then, see the module doc)."""
         cfg = self.config
         if not cfg.enabled:
             return ADMITTED
+        if verdict is not None:
+            if verdict.on_time:
+                return Decision(True, ADMIT_REASON, 0.0, verdict.finish_s)
+            # late on every allowed path: come back once the backlog has drained by the overrun
+            return Decision(False, LATE, self._retry(verdict.finish_s - verdict.deadline_s), verdict.finish_s)
         lat = self._latencies(plan, level_id)
         if lat is None:
             return ADMITTED

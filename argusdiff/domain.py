@@ -23,11 +23,13 @@ __all__ = [
     "Assignment",
     "CascadeSpec",
     "ClusterStats",
+    "DeadlineVerdict",
     "Plan",
     "Profile",
     "Request",
     "Strategy",
     "Tier",
+    "Timeliness",
     "level_catalogue",
     "tier_rank",
 ]
@@ -331,6 +333,32 @@ class Request:
         return self.arrival_s + (self.slo_s if self.slo_s is not None else default_slo_s)
 
 
+class Timeliness(enum.Enum):
+    """How a routed request stands against its deadline by the shared finish estimate
+    (:mod:`argusdiff.deadline`)."""
+
+    #: the path the plan drew finishes by the deadline
+    ON_TIME = "on time"
+    #: the drawn path would not; another allowed path does, and the request was moved there
+    ESCALATED = "escalated"
+    #: no allowed path finishes by the deadline (best effort without admission; refused with it)
+    LATE = "late"
+
+
+@dataclass(frozen=True, slots=True)
+class DeadlineVerdict:
+    """A policy's deadline judgement of one routed request: its kind, the finish estimate of the
+    path it was routed to, and the deadline it was judged against (the data path's clock)."""
+
+    kind: Timeliness
+    finish_s: float
+    deadline_s: float
+
+    @property
+    def on_time(self) -> bool:
+        return self.kind is not Timeliness.LATE
+
+
 @dataclass(frozen=True, slots=True)
 class Assignment:
     """The data path's decision for one request."""
@@ -341,6 +369,9 @@ class Assignment:
     dropped: bool = False
     best_effort: bool = False  # admitted although predicted to miss its deadline
     reason: str = ""
+    # the policy's deadline judgement (argusdiff.deadline); None: the policy does not route by
+    # deadline, admission estimates on its own
+    verdict: DeadlineVerdict | None = None
 
 
 @dataclass(frozen=True, slots=True)

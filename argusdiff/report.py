@@ -74,8 +74,13 @@ def format_table(result) -> str:
     if p.get("predictor"):
         lines.append(f"demand predictor: {p['predictor']}")
     if p.get("admission"):
-        refused = ", ".join(f"{k} {s.get('refused', 0)}" for k, s in result.summaries.items())
-        lines.append(f"admission: {p['admission']}; refused (in dropped): {refused}")
+        refused = ", ".join(
+            f"{k} {s.get('refused', 0)} ({s.get('false_refusals', 0)})" for k, s in result.summaries.items()
+        )
+        lines.append(
+            f"admission: {p['admission']}; refused (in dropped; in brackets the false refusals, which "
+            f"would have met their SLO, as simulated): {refused}"
+        )
     if p.get("static_peak"):
         lines.append(f"peak: {p['static_peak']}")
     lines.append(f"classifier: {p['classifier']}")

@@ -1,12 +1,15 @@
 """argus+: ARGUS plus three additions, each switchable for the ablation.
 
-* ``admission`` — deadline-aware admission (after TetriServe's "definitely late" test): when the
-  PASM's level on its best worker would finish after the request's deadline, the request moves to
-  the nearest faster level (on AC any worker can run any K: they share the model) that still meets
+* ``admission`` — deadline-aware routing (after TetriServe's "definitely late" test) on the one
+  deadline model (:mod:`argusdiff.deadline`): when the PASM's level, on the first of its serving
+  workers to free, would finish after the request's deadline (``arrival + deadline_factor × SLO``,
+  the factor admission judges by), the request moves to the nearest faster level that still meets
   it; a request no level can finish in time is served best-effort at the fastest level on the
-  worker that frees first instead of queueing behind others at its planned level.
+  worker that frees first. The assignment carries the verdict (:class:`~argusdiff.domain.DeadlineVerdict`),
+  which admission takes as its test.
 * ``backlog`` — backlog-aware planning: the demand the allocation plans for is the predicted
-  arrival rate plus the rate needed to drain the queued requests within one period.
+  arrival rate plus the rate needed to drain, within one period, the requests waiting behind the
+  one each worker has in service.
 * ``switch_aware`` — switch-cost-aware allocation: the allocation keeps the current worker→level
   mapping unless moving workers gains more than 2% expected quality (ARGUS re-solves from scratch:
   0.5% tolerance); this only matters where levels need different models (SM).
@@ -21,12 +24,14 @@ planning above.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from argusdiff.domain import Assignment, ClusterStats, Plan, Request, Strategy
+from argusdiff.deadline import deadline_s, earliest_finish
+from argusdiff.domain import Assignment, ClusterStats, DeadlineVerdict, Plan, Request, Strategy, Timeliness
 from argusdiff.policies.argus import Argus, ArgusOptions
 from argusdiff.policies.base import PolicyError, RouteView, require, select_worker
 from argusdiff.policies.mixed import is_mixed, miss_fallback, needs_cache
@@ -173,7 +178,8 @@ class ArgusPlus(Argus, name="argus+", family="ac"):
     def demand_qpm(self, stats: ClusterStats) -> float:
         predicted = super().demand_qpm(stats)
         if self.options.backlog and self.options.period_s > 0:
-            queued = sum(stats.queue_lengths.values())
+            # the requests waiting behind the one each worker has in service
+            queued = sum(max(0, q - 1) for q in stats.queue_lengths.values())
             predicted += queued * 60.0 / self.options.period_s
         return predicted
 
@@ -199,13 +205,11 @@ class ArgusPlus(Argus, name="argus+", family="ac"):
             margin=margin,
             time_limit_s=o.time_limit_s,
             # spare workers form a burst reserve at the fastest level, where deadline-aware
-            # admission sends requests that would miss their deadline elsewhere
+            # routing sends requests that would miss their deadline elsewhere
             spare="fastest" if o.admission else "best",
         )
         if cache_free is None:
             return alloc
-        import dataclasses
-
         n = len(profile.levels)
 
         def expand(values, zero):
@@ -257,7 +261,8 @@ class ArgusPlus(Argus, name="argus+", family="ac"):
         a = super().route(request, plan, view)
         if a.level is None or a.worker is None:
             return a
-        deadline = request.arrival_s + (request.slo_s if request.slo_s is not None else self.slo_s)
+        slo = request.slo_s if request.slo_s is not None else self.slo_s
+        deadline = deadline_s(request.arrival_s, slo, view.deadline_factor)
         flags = self._cache_levels(plan)
         mixed = self._mixed
         ac = plan.strategy is Strategy.AC and not mixed
@@ -270,49 +275,66 @@ class ArgusPlus(Argus, name="argus+", family="ac"):
             a = self._on_miss(request, plan, view, a, deadline)
         if not self.options.admission:
             return a
+        return self._by_deadline(request, plan, view, a, r, ac=ac, mixed=mixed, hit_ok=hit_ok, flags=flags)
+
+    def _serving(self, r, k: int, ac: bool) -> list[str]:
+        """The workers that take a request queued at plan level ``k``: its own, else (an AC level
+        without workers) every worker of the ladder's model, which pulls its queue (the simulator's
+        and the service's sibling pull, ``Plan.unserved_siblings``)."""
+        if r.workers[k] or not ac:
+            return list(r.workers[k])
+        return [w for ws in r.workers for w in ws]
+
+    def _by_deadline(self, request: Request, plan: Plan, view: RouteView, a: Assignment, r, **kw) -> Assignment:
+        """argus+'s deadline-aware routing on a ladder: the drawn level when the shared finish
+        estimate (:mod:`argusdiff.deadline`) meets the deadline, else the nearest faster level that
+        does, else best effort at the fastest level this prompt can use; with the verdict."""
+        ac, mixed, hit_ok, flags = kw["ac"], kw["mixed"], kw["hit_ok"], kw["flags"]
         now = view.now_s
         bu = view.busy_until
+        slo = request.slo_s if request.slo_s is not None else self.slo_s
+        deadline = deadline_s(request.arrival_s, slo, view.deadline_factor)
         j = r.index[a.level]
-        if max(now, bu.get(a.worker, now)) + self._lat[j] <= deadline:
-            return a
-        all_workers = [w for ws in r.workers for w in ws] if ac else None
+        w, finish = earliest_finish(self._serving(r, j, ac), bu, now, self._lat[j])
+        if finish <= deadline:
+            return dataclasses.replace(a, worker=w, verdict=DeadlineVerdict(Timeliness.ON_TIME, finish, deadline))
         n = len(plan.levels)
         for k in range(j + 1, n):
             if ac and not hit_ok:
                 break  # K > 0 would run at K = 0 on a miss: no faster level exists for this prompt
             if mixed and not hit_ok and flags[k]:
                 continue  # this AC level would run at K = 0
-            workers = all_workers if ac else r.workers[k]
+            workers = self._serving(r, k, ac)
             if not workers:
                 continue
-            w = select_worker(workers, view, self._lat[k])
-            if w is not None and max(now, bu.get(w, now)) + self._lat[k] <= deadline:
+            wk, fk = earliest_finish(workers, bu, now, self._lat[k])
+            if fk <= deadline:
                 return Assignment(
                     level=plan.levels[k],
-                    worker=w,
+                    worker=wk,
                     optimal_level=a.optimal_level,
                     reason="deadline: moved to a faster level",
+                    verdict=DeadlineVerdict(Timeliness.ESCALATED, fk, deadline),
                 )
-        # hopeless: best effort at the fastest level this prompt can use that has workers (on AC a
-        # cache miss runs at K = 0 anyway), on the worker that frees first
+        # late on every level: best effort at the fastest level this prompt can use that has
+        # workers (on AC a cache miss runs at K = 0 anyway), on the worker that frees first
         if ac:
             k = (n - 1) if hit_ok else 0
-            workers = all_workers
         elif mixed:
             # a mixed ladder is not ordered by speed: the fastest usable level with workers
             usable = [i for i in range(n) if r.workers[i] and (hit_ok or not flags[i])]
             k = min(usable, key=lambda i: (self._lat[i], -i), default=j)
-            workers = r.workers[k]
         else:
             k = max((i for i in range(n) if r.workers[i]), default=j)
-            workers = r.workers[k]
+        workers = self._serving(r, k, ac)
         if not workers:
-            return a
-        w = min(workers, key=lambda x: bu.get(x, now))
+            return dataclasses.replace(a, verdict=DeadlineVerdict(Timeliness.LATE, finish, deadline))
+        wk, fk = earliest_finish(workers, bu, now, self._lat[k])
         return Assignment(
             level=plan.levels[k],
-            worker=w,
+            worker=wk,
             optimal_level=a.optimal_level,
             best_effort=True,
             reason="deadline cannot be met",
+            verdict=DeadlineVerdict(Timeliness.LATE, fk, deadline),
         )

@@ -66,7 +66,10 @@ class RouteView:
     ``worker_models[w]`` the model ``w`` has loaded (or is loading); ``optimal_level`` the
     classifier's (or quality oracle's) predicted optimal level of the prompt; ``cache_similarity``
     the cosine similarity of the best cached prompt (``None``: unknown / no cache); ``deferred_from``
-    the light level a deferred request ran at (set for ``route_heavy`` only).
+    the light level a deferred request ran at (set for ``route_heavy`` only); ``deadline_factor``
+    the share of a request's SLO its deadline allows (:func:`argusdiff.deadline.deadline_s`: the
+    admission's ``deadline_factor`` when admission is on, else 1), so a policy that routes by
+    deadline routes to the deadline admission judges.
     """
 
     now_s: float = 0.0
@@ -80,6 +83,7 @@ class RouteView:
     slo_s: float = 0.0
     # for ``route_heavy``: the cascade light level whose image the discriminator rejected
     deferred_from: str | None = None
+    deadline_factor: float = 1.0
 
 
 @dataclass(frozen=True, kw_only=True)

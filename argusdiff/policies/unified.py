@@ -29,7 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from argusdiff.domain import Assignment, ClusterStats, Plan, Profile, Request, Strategy
+from argusdiff.deadline import deadline_s, earliest_finish
+from argusdiff.domain import Assignment, ClusterStats, DeadlineVerdict, Plan, Profile, Request, Strategy, Timeliness
 from argusdiff.policies.base import RouteView, select_worker
 from cache.policy import k_for_similarity
 from solver.paths import TierSpec, class_quality_model, nitsum_tiers, problem_from_profile, ranked_deferral
@@ -303,7 +304,10 @@ class UnifiedRouting:
 
 
 def route_unified(policy: Any, r: UnifiedRouting, request: Request, view: RouteView) -> Assignment:
-    """The unified data path for one request (see the module doc)."""
+    """The unified data path for one request (see the module doc): the path drawn from the plan;
+    with ``admission`` (argus+'s deadline-aware routing) judged by the shared finish estimate
+    (:mod:`argusdiff.deadline`: the first free worker of the path's pool) against the request's
+    deadline, moved to the best path on time when it is late, and its verdict returned."""
     o = policy.options
     row = r.index.get(view.optimal_level, 0) if view.optimal_level is not None else 0
     tier = str(request.tier) if o.tiers else None
@@ -318,43 +322,50 @@ def route_unified(policy: Any, r: UnifiedRouting, request: Request, view: RouteV
     now = view.now_s
     bu = view.busy_until
     lat_j = r.latency(j, hit_ok)
-    w = select_worker(pool[j], view, lat_j)
-    a = Assignment(level=r.levels[j], worker=w, optimal_level=view.optimal_level)
     if not o.admission:
-        return a
+        w = select_worker(pool[j], view, lat_j)
+        return Assignment(level=r.levels[j], worker=w, optimal_level=view.optimal_level)
     slo = request.slo_s if (o.tiers and request.slo_s is not None) else policy.slo_s
-    deadline = request.arrival_s + slo
-    if max(now, bu.get(w, now)) + lat_j <= deadline:
-        return a
+    deadline = deadline_s(request.arrival_s, slo, view.deadline_factor)
+    w, finish_j = earliest_finish(pool[j], bu, now, lat_j)
+    if finish_j <= deadline:
+        return Assignment(
+            level=r.levels[j],
+            worker=w,
+            optimal_level=view.optimal_level,
+            verdict=DeadlineVerdict(Timeliness.ON_TIME, finish_j, deadline),
+        )
     q = r.quality[row]
     best: tuple | None = None
     first: tuple | None = None
     for k in range(len(r.levels)):
         if not pool[k] or k == j:
             continue
-        lat_k = r.latency(k, hit_ok)
-        wk = select_worker(pool[k], view, lat_k)
-        finish = max(now, bu.get(wk, now)) + lat_k
+        wk, finish = earliest_finish(pool[k], bu, now, r.latency(k, hit_ok))
         if finish <= deadline:
-            key = (-q[k], lat_k)
+            key = (-q[k], finish)
             if best is None or key < best[0]:
-                best = (key, k, wk)
+                best = (key, k, wk, finish)
         if first is None or finish < first[0]:
             first = (finish, k, wk)
     if best is not None:
-        _, k, wk = best
+        _, k, wk, finish = best
         return Assignment(
-            level=r.levels[k], worker=wk, optimal_level=view.optimal_level, reason="deadline: moved to another path"
+            level=r.levels[k],
+            worker=wk,
+            optimal_level=view.optimal_level,
+            reason="deadline: moved to another path",
+            verdict=DeadlineVerdict(Timeliness.ESCALATED, finish, deadline),
         )
-    # hopeless: best effort on the path that finishes first (its own on a tie)
-    finish_j = max(now, bu.get(w, now)) + lat_j
-    k, wk = (j, w) if first is None or finish_j <= first[0] else first[1:]
+    # late on every path: best effort on the path that finishes first (its own on a tie)
+    finish, k, wk = (finish_j, j, w) if first is None or finish_j <= first[0] else first
     return Assignment(
         level=r.levels[k],
         worker=wk,
         optimal_level=view.optimal_level,
         best_effort=True,
         reason="deadline cannot be met",
+        verdict=DeadlineVerdict(Timeliness.LATE, finish, deadline),
     )
 
 
@@ -371,10 +382,11 @@ def route_heavy_unified(policy: Any, r: UnifiedRouting, request: Request, plan: 
     pool = r.pools(str(request.tier) if o.tiers else None)[k]
     if not pool:
         return Assignment(level=None, reason="no heavy worker: light image returned")
-    w = select_worker(pool, view, r.lat[k])
-    if o.admission:
-        slo = request.slo_s if (o.tiers and request.slo_s is not None) else policy.slo_s
-        now = view.now_s
-        if max(now, view.busy_until.get(w, now)) + r.lat[k] > request.arrival_s + slo:
-            return Assignment(level=None, reason="the heavy run would miss the deadline: light image returned")
-    return Assignment(level=heavy, worker=w)
+    if not o.admission:
+        return Assignment(level=heavy, worker=select_worker(pool, view, r.lat[k]))
+    slo = request.slo_s if (o.tiers and request.slo_s is not None) else policy.slo_s
+    deadline = deadline_s(request.arrival_s, slo, view.deadline_factor)
+    w, finish = earliest_finish(pool, view.busy_until, view.now_s, r.lat[k])
+    if finish > deadline:
+        return Assignment(level=None, reason="the heavy run would miss the deadline: light image returned")
+    return Assignment(level=heavy, worker=w, verdict=DeadlineVerdict(Timeliness.ON_TIME, finish, deadline))

@@ -250,13 +250,26 @@ class Router:
             # busy until its share is done in batches of up to the plan's batch size (the batch in
             # service half done on average: the router does not see batches start)
             load = self.level_load.get(lv, 0)
-            each, extra = divmod(load, len(ws))
-            b = max(1, int(plan.batch_sizes.get(lv, 1)))
             level = self._levels.get(lv)
+            # the AC levels no worker holds are pulled by these workers too (Plan.unserved_siblings):
+            # their in-flight images join the share, each at its own latency
+            siblings = [(x, self.level_load.get(x, 0)) for x in plan.unserved_siblings(self._levels, lv)]
+            sib_load = sum(n for _x, n in siblings)
+            each, extra = divmod(load + sib_load, len(ws))
+            b = max(1, int(plan.batch_sizes.get(lv, 1)))
             for k, w in enumerate(ws):
                 q = each + (1 if k < extra else 0)
                 ql[w] = q
-                bu[w] = now + (self._drain_s(level, q, b) if level is not None else 0.0)
+                if level is None:
+                    bu[w] = now
+                elif sib_load:
+                    # batch size 1 across sibling levels (one model, different K): the mean time per image
+                    per = (load * level.latency(1) + sum(n * self._levels[x].latency(1) for x, n in siblings)) / (
+                        load + sib_load
+                    )
+                    bu[w] = now + (q - 0.5) * per if q else now
+                else:
+                    bu[w] = now + self._drain_s(level, q, b)
         return RouteView(
             now_s=now,
             queue_lengths=ql,
@@ -267,6 +280,8 @@ class Router:
             cache_similarity=similarity,
             cache_healthy=self.cache_health.healthy,
             slo_s=slo_s,
+            # one deadline for the policy's routing and admission (argusdiff.deadline)
+            deadline_factor=self.admission.config.deadline_factor if self.admission.enabled else 1.0,
         )
 
     @staticmethod
@@ -387,15 +402,16 @@ class Router:
         self._retry_slots[level] = slot + step
         return slot - now
 
-    def _admit(self, level: str, plan: Plan, now: float, slo: float, rank: int) -> Decision:
-        """Admission (:mod:`argusdiff.admission`) of one image routed to ``level``: the level's
-        in-flight images of its tier or a higher one (this request's earlier images included; workers
-        pull the highest-priority tier first) over the up workers serving it."""
+    def _admit(self, level: str, plan: Plan, now: float, slo: float, rank: int, verdict=None) -> Decision:
+        """Admission (:mod:`argusdiff.admission`) of one image routed to ``level``: the policy's
+        deadline verdict when it gives one, else the level's in-flight images of its tier or a
+        higher one (this request's earlier images included; workers pull the highest-priority tier
+        first) over the up workers serving it."""
         workers = self.admission.workers(plan, level, self.up or None)
         queued = sum(self.tier_load.get((level, r), 0) for r in range(rank + 1))
         return self.admission.check(
             level, plan=plan, queued=queued, workers=len(workers),
-            now_s=now, arrival_s=now, slo_s=slo,
+            now_s=now, arrival_s=now, slo_s=slo, verdict=verdict,
         )  # fmt: skip
 
     async def _submit(self, spec: GenerationSpec, added: Counter[str]) -> Submission:
@@ -460,7 +476,7 @@ class Router:
                 why = assignment.reason or "dropped by the policy"
                 raise self._refuse(spec, why, "policy", self.config.retry_after_s, now, optimal)
             level = assignment.level
-            decision = self._admit(level, plan, now, slo, rank)
+            decision = self._admit(level, plan, now, slo, rank, assignment.verdict)
             if not decision.admitted:
                 why = f"{decision.reason} at {level}"
                 retry = self._retry_slot(level, plan, decision.retry_after_s, now, spec.n)

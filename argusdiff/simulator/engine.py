@@ -160,6 +160,8 @@ class SimResult:
     end_s: float = 0.0
     wall_s: float = 0.0
     refused: np.ndarray | None = None  # dropped by admission (a subset of status == DROPPED)
+    # refused although, queued at its routed level when it arrived, it would have met its SLO
+    false_refused: np.ndarray | None = None
 
 
 @dataclass(slots=True)
@@ -395,6 +397,7 @@ class Simulator:
         self.best_effort = np.zeros(n, dtype=bool)
         self.deferred = np.zeros(n, dtype=bool)
         self.refused = np.zeros(n, dtype=bool)
+        self.false_refused = np.zeros(n, dtype=bool)
         admission = Admission(self.levels, cfg.admission) if cfg.admission.enabled else None
         self.admission = admission
         self.req_batch: list[list | None] = [None] * n
@@ -407,7 +410,8 @@ class Simulator:
         self.waiting: list[int] = []  # requests accepted while no worker was up
         self.pullers: dict[str, list[int]] = {}
 
-        view = RouteView(slo_s=self.slo_s)
+        # one deadline for the policy's routing and admission (argusdiff.deadline)
+        view = RouteView(slo_s=self.slo_s, deadline_factor=cfg.admission.deadline_factor if admission else 1.0)
         view.queue_lengths = _Queues(self)
         view.busy_until = {w: 0.0 for w in self.wids}
         view.worker_models = {w: None for w in self.wids}
@@ -502,9 +506,12 @@ class Simulator:
             a = route(req, plan, view)
             if a.dropped or a.level is None:
                 self.status[i] = DROPPED
-            elif admission is not None and not self._admit(i, a.level, plan, t).admitted:
+            elif admission is not None and not self._admit(i, a.level, plan, t, a.verdict).admitted:
                 self.status[i] = DROPPED
                 self.refused[i] = True
+                # a false refusal: queued there and then, it would have finished within its SLO
+                would = self._would_finish(i, p, t, a.level, plan)
+                self.false_refused[i] = would <= float(arr[i]) + float(self.req_slo[i]) + 1e-9
             else:
                 self.best_effort[i] = a.best_effort
                 self._serve(i, p, t, a.level, plan, stage=0)
@@ -554,6 +561,7 @@ class Simulator:
             end_s=end,
             wall_s=time.perf_counter() - t_wall,
             refused=self.refused,
+            false_refused=self.false_refused,
         )
 
     # ---- control path --------------------------------------------------------------------
@@ -847,7 +855,45 @@ class Simulator:
             return
         self._serve(i, p, t, a.level, plan, stage=0)
 
-    def _admit(self, i: int, level_id: str, plan: Plan | None, t: float) -> Decision:
+    def _would_finish(self, i: int, p: int, t: float, level_id: str, plan: Plan | None) -> float:
+        """When arrival ``i`` (prompt ``p``) would finish had it been queued at ``level_id`` at
+        ``t``, as :meth:`_serve` would place it (nothing changes): the counterfactual behind the
+        false-refusal count."""
+        lv = self.levels.get(level_id)
+        if lv is None:
+            return INF
+        served, extra = lv, 0.0
+        if lv.strategy is Strategy.AC and lv.skip > 0:
+            if self.cache_down and not self.cache_up(t):
+                served, extra = self.levels[self.ac_base[level_id]], self.cfg.cache_timeout_s
+            else:
+                extra = self.cfg.cache_latency_s
+                if self.similarity(p) < self.cfg.cache_min_similarity:
+                    served = self.levels[self.ac_base[level_id]]
+        spec = self.specs.get(served.id)
+        if spec is not None:
+            extra += spec.discriminator_latency_s
+        bsize = plan.batch_sizes.get(served.id, 1) if plan is not None and plan.batch_sizes else 1
+        rank = int(self.req_rank[i])
+        w = self._puller(level_id, served, t, bsize, rank)
+        if w is None:
+            w = self._pick_up_worker(lv, t)
+            if w is None:
+                return INF
+        jit = self.jit[i] if self.jit is not None else 1.0
+        dq = self.dq[w]
+        while dq and dq[0].finish <= t:
+            self.qlen[w] -= dq.popleft().size
+        start, k, join = self._slot(w, served, t, bsize, rank)
+        if join:
+            b = dq[k]
+            return b.start + served.latency(b.size + 1) * b.jit + max(b.extra, extra)
+        if k == len(dq):
+            ready = self.resident[w].get(served.model)
+            start = max(self.free_at[w], t, ready if ready is not None else t + served.load_time_s)
+        return start + served.latency(1) * jit + extra
+
+    def _admit(self, i: int, level_id: str, plan: Plan | None, t: float, verdict=None) -> Decision:
         """Admission (argusdiff.admission) of arrival ``i`` routed to ``level_id``: the requests
         queued or in service on the up workers serving the level that it waits behind (those of
         its tier or a higher one: workers pull the highest-priority tier first), as the service's
@@ -855,6 +901,11 @@ class Simulator:
         if plan is None:
             return ADMITTED
         adm = self.admission
+        if verdict is not None:  # the policy judged the deadline: admission takes its verdict
+            return adm.check(
+                level_id, plan=plan, queued=0, workers=0, now_s=t,
+                arrival_s=float(self.wl.arrivals_s[i]), slo_s=float(self.req_slo[i]), verdict=verdict,
+            )  # fmt: skip
         ws = adm.workers(plan, level_id, self.view.up)
         get = self.view.queue_lengths.get
         rank = int(self.req_rank[i])
@@ -874,7 +925,7 @@ class Simulator:
                         queued += sum(1 for m in b.members if ranks[m] <= rank)
         return adm.check(
             level_id, plan=plan, queued=queued, workers=len(ws),
-            now_s=t, arrival_s=float(self.wl.arrivals_s[i]), slo_s=float(self.req_slo[i]),
+            now_s=t, arrival_s=float(self.wl.arrivals_s[i]), slo_s=float(self.req_slo[i]), verdict=verdict,
         )  # fmt: skip
 
     def _defer(self, i: int, t: float, plan: Plan | None, light: str) -> None:

@@ -134,6 +134,8 @@ def summarize(res: SimResult, minutes: dict[str, np.ndarray] | None = None) -> d
         "within_slo": n_ok,
         "dropped": int(np.sum(res.status == DROPPED)),
         "refused": int(res.refused.sum()) if res.refused is not None else 0,  # by admission (in dropped)
+        # refused although they would have met their SLO queued at their level (the simulator's estimate)
+        "false_refusals": int(res.false_refused.sum()) if res.false_refused is not None else 0,
         "best_effort": int(res.best_effort.sum()),
         "deferred": int(res.deferred.sum()),
         "slo_s": res.slo_s,
