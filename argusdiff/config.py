@@ -353,6 +353,17 @@ class ServiceConfig(_Section):
     public_url: str | None = Field(
         None, description="base URL of `url` responses (behind a proxy); None: the address the server is bound to"
     )
+    trusted_proxies: tuple[str, ...] = Field(
+        (),
+        description="addresses or CIDR networks of the proxies whose X-Forwarded-For/-Proto headers are trusted "
+        "(uvicorn's forwarded_allow_ips); empty: no client's",
+    )
+    header_timeout_s: float = Field(
+        20.0,
+        gt=0,
+        description="a connection whose request headers are not complete this long after it opened (or after its "
+        "previous response) is closed (Apache mod_reqtimeout's default header=20)",
+    )
     stand_in_scale: float | None = Field(
         None, gt=0, description="TEST MODE: stand-in workers sleep the profiled latency x this scale, no models"
     )

@@ -101,8 +101,12 @@ def run(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = settings_from_args(args)
-    service = Service(settings)
     cfg = settings.service
+    if cfg.redis_url:  # exit 2 naming --redis, as worker and status do (not a traceback at start)
+        from argusdiff.commands.worker import check_redis
+
+        check_redis(cfg.redis_url)
+    service = Service(settings)
     mode = f"redis {cfg.redis_url}" if cfg.redis_url else "embedded queues"
     workers = f"{cfg.workers} embedded worker(s)" + (" (stand-in TEST MODE)" if cfg.stand_in_scale else "")
     logging.getLogger("argusdiff.service").info(

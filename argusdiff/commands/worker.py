@@ -48,7 +48,7 @@ def _settings(args: argparse.Namespace) -> Any:
     return Settings.model_validate(data)
 
 
-def _check_redis(url: str, timeout_s: float = 3.0) -> None:
+def check_redis(url: str, timeout_s: float = 3.0) -> None:
     """Fail at once (exit 2, naming ``--redis``) when ``url`` is malformed or Redis does not answer,
     instead of waiting ``--wait-s`` for a deployment that cannot arrive."""
     import redis
@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = settings.service
     gpu = "cpu" if args.gpu is None else f"gpu{args.gpu}"
     worker_id = args.worker_id or f"{socket.gethostname()}-{gpu}-{os.getpid()}"
-    _check_redis(args.redis)
+    check_redis(args.redis)
     queue = RedisWorkQueue(
         args.redis,
         namespace=cfg.namespace,

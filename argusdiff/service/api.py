@@ -112,6 +112,7 @@ def make_server(service: Service, *, host: str, port: int, log_level: str = "inf
                 loop.call_soon_threadsafe(service.begin_shutdown)
             super().handle_exit(sig, frame)
 
+    trusted = ",".join(cfg.trusted_proxies)
     config = uvicorn.Config(
         create_app(service),
         host=host,
@@ -119,6 +120,58 @@ def make_server(service: Service, *, host: str, port: int, log_level: str = "inf
         log_level=log_level,
         access_log=False,
         timeout_graceful_shutdown=int(cfg.drain_timeout_s) + 5,
+        http=header_timeout_protocol(cfg.header_timeout_s),
+        proxy_headers=bool(trusted),
+        forwarded_allow_ips=trusted or None,
         **options,
     )
     return Server(config)
+
+
+def header_timeout_protocol(timeout_s: float) -> type:
+    """uvicorn's h11 protocol that closes a connection whose request headers are not complete
+    ``timeout_s`` after it opened or after its previous response (uvicorn waits forever for them,
+    so half-open connections pile up: slowloris)."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeaderTimeoutProtocol(H11Protocol):
+        _header_timer: asyncio.TimerHandle | None = None
+
+        def _between_requests(self) -> bool:
+            return self.cycle is None or self.cycle.response_complete
+
+        def _arm(self) -> None:
+            if self._header_timer is None:
+                self._header_timer = self.loop.call_later(timeout_s, self._headers_late)
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            if self._between_requests():
+                self._arm()
+            super().data_received(data)
+            if not self._between_requests() or self.conn.our_state is h11.MUST_CLOSE:
+                self._disarm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._disarm()  # the keep-alive timeout takes over until the next request's first byte
+
+        def _headers_late(self) -> None:
+            self._header_timer = None
+            if self._between_requests() and not self.transport.is_closing():
+                self.transport.close()
+
+    return HeaderTimeoutProtocol

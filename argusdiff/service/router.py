@@ -16,8 +16,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import secrets
 import time
-import uuid
 from collections import Counter, deque
 from dataclasses import dataclass, replace
 from typing import Any
@@ -426,7 +426,7 @@ class Router:
             raise self._busy(_QUEUE_DOWN, "queue_unavailable")
         now = self.clock()
         slo = self.slo_for(spec)
-        gid = f"gen-{uuid.uuid4().hex[:24]}"
+        gid = f"gen-{secrets.token_hex(12)}"  # 96 random bits
         rank = tier_rank(spec.tier)
         optimal, similarity, embedding = await self._read_prompt(spec.prompt)
         models = None

@@ -395,6 +395,7 @@ class GenerationSpec:
     edit_strength: float | None = None
     lora: str | None = None  # a LoRA adapter of the profile
     lora_scale: float | None = None  # None: the adapter's own scale on each model
+    owner: str | None = None  # who may read it: a hash of the caller's API key (None without keys)
 
     def item_meta(self) -> dict[str, str]:
         """What the workers need to know beyond the prompt: streaming and its partial images, the
@@ -414,7 +415,10 @@ class GenerationSpec:
 
     def record_fields(self) -> dict[str, Any]:
         """What the router keeps with the request's record to deliver its images later."""
-        return {"output_format": self.output_format, "output_compression": self.output_compression, "size": self.size}
+        fields = {"output_format": self.output_format, "output_compression": self.output_compression, "size": self.size}
+        if self.owner is not None:
+            fields["owner"] = self.owner
+        return fields
 
 
 def shown_key(key: str) -> str:

@@ -6,6 +6,7 @@ server-sent-events response of a streamed generation."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import json
 import logging
@@ -160,6 +161,14 @@ class EventStream(Response):
                 self.on_close(self.final_status)
 
 
+def owner_of(key: str | None) -> str | None:
+    """How a generation's record names the API key that created it (a hash: records live in Redis);
+    None without authentication."""
+    if key is None:
+        return None
+    return hashlib.sha256(b"argusdiff-owner\0" + key.encode()).hexdigest()[:32]
+
+
 @dataclass(frozen=True, slots=True)
 class Api:
     """The parts of a :class:`~argusdiff.service.app.Service` the handlers use."""
@@ -191,6 +200,15 @@ class Api:
             idem=IdempotentSubmit(service),
             quotas=service.quotas,
         )
+
+    async def owned_record(self, request: Request, gid: str) -> dict:
+        """The record of generation ``gid`` when the caller's API key created it; 404 otherwise
+        (unknown, expired, or another key's: the answer does not tell them apart)."""
+        key = self.check_auth(request)
+        record = await self.dispatch.get_record(gid) if len(gid) <= 64 else None
+        if record is None or record.get("owner") != owner_of(key):
+            raise ApiError(404, f"no generation {gid!r} (unknown or expired)", param="id", code="not_found")
+        return record
 
     def check_auth(self, request: Request) -> str | None:
         """The caller's API key (401 when keys are set and it sent none or a wrong one); None

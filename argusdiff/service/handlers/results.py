@@ -110,12 +110,9 @@ def accepted(gid: str, created: int, done: int, n: int, levels: list[str]) -> JS
 
 
 async def get_generation(api: Api, request: Request) -> Response:
-    api.check_auth(request)
     dispatch = api.dispatch
     gid = request.path_params["id"]
-    record = await dispatch.get_record(gid) if len(gid) <= 64 else None
-    if record is None:
-        raise ApiError(404, f"no generation {gid!r} (unknown or expired)", param="id", code="not_found")
+    record = await api.owned_record(request, gid)
     rids = list(record["request_ids"])
     results = await dispatch.fetch_results(rids, record)
     if record.get("status") == "cancelled":
@@ -143,12 +140,9 @@ async def delete_generation(api: Api, request: Request) -> Response:
     """Cancel a generation: its queued images leave the queue, its running ones stop at their next
     denoising step (on whichever worker runs them), and the generation's status becomes
     ``cancelled``. Cancelling a cancelled one answers the same; a finished one is 409."""
-    api.check_auth(request)
     dispatch = api.dispatch
     gid = request.path_params["id"]
-    record = await dispatch.get_record(gid) if len(gid) <= 64 else None
-    if record is None:
-        raise ApiError(404, f"no generation {gid!r} (unknown or expired)", param="id", code="not_found")
+    record = await api.owned_record(request, gid)
     rids = list(record["request_ids"])
     results = await dispatch.fetch_results(rids, record)
     if record.get("status") != "cancelled":

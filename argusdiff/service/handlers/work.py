@@ -5,6 +5,7 @@ results or its wait end in."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import uuid
 
@@ -12,7 +13,7 @@ from starlette.requests import Request
 
 from argusdiff.service import schemas as s
 from argusdiff.service.errors import ApiError, WorkLost
-from argusdiff.service.handlers.base import Api, ClientGone, disconnected
+from argusdiff.service.handlers.base import Api, ClientGone, disconnected, owner_of
 from argusdiff.service.router import Submission
 from workers.cancel import CANCELLED
 from workers.messages import WorkResult
@@ -46,6 +47,7 @@ async def submit(api: Api, request: Request, spec: s.GenerationSpec, endpoint: s
     then the router (through the Idempotency-Key layer). The generation holds the caller's
     concurrent slot until every image of it is done."""
     check_serving(api)
+    spec = dataclasses.replace(spec, owner=owner_of(key))
     lease = await api.quotas.admit(key, spec.n, uuid.uuid4().hex)
     try:
         sub = await api.idem.submit(request, spec, endpoint)  # router.submit unless an Idempotency-Key came
