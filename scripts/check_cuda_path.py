@@ -16,7 +16,16 @@ Checks, each printed as ``ok`` or ``FAIL``:
    1 defers every one to the heavy model, and the deferred images are the heavy model's;
 4. **profile measure**: ``argusdiff profile measure`` on ``demo-cpu-cascade`` with this device and
    dtype writes a profile that ``argusdiff profile show`` loads and ``argusdiff plan`` plans; on
-   CUDA its ``[measured]`` table has the GPU memory per model and the driver.
+   CUDA its ``[measured]`` table has the GPU memory per model and the driver;
+5. **DiT generate**: the tiny FLUX.1- and SD3-shaped pipelines run a batch of 2 on the device in
+   the asked dtype (the transformer's parameters in that dtype, on that device), one transformer
+   call per step, finite latents and images;
+6. **DiT resume**: flow matching's capture after K = 4 of N = 8 and resume from it give the full
+   run's final latent bit for bit, for FLUX.1's packed latents (with its resolution-dependent
+   shift) and SD3's.
+
+``--only NAME,...`` runs some of the checks (``--list`` names them); a test runs the DiT checks
+with ``--device cpu``.
 
 A JSON report goes to ``--out``/report.json. Exit 0 when every check passes, 1 otherwise. On a
 CPU (``--device cpu``) it exercises the same code without CUDA kernels.
@@ -68,6 +77,54 @@ def _check_ac(registry) -> dict:
     diff = float((full.latents.float() - again.latents.float()).abs().max())
     return {"ok": same and again.unet_calls == full.unet_calls // 2, "bit_exact": same, "max_abs_diff": diff,
             "unet_calls_full": full.unet_calls, "unet_calls_resume": again.unet_calls}  # fmt: skip
+
+
+DIT_MODELS = ("demo-tiny-flux", "demo-tiny-sd3")
+
+
+def _check_dit_generate(registry, device: str, dtype: str) -> dict:
+    import numpy as np
+    import torch
+
+    from workers.pipelines import denoiser, generate
+
+    out: dict = {"ok": True}
+    for name in DIT_MODELS:
+        model = registry.load(name)
+        gen = generate(model, ["a red cube", "a blue sphere"], [1, 2], steps=4)
+        param = next(denoiser(model.pipe).parameters())
+        ok = (
+            str(param.dtype) == f"torch.{dtype}"
+            and param.device.type == torch.device(device).type
+            and gen.unet_calls == 4
+            and bool(torch.isfinite(gen.latents.float()).all())
+            and len(gen.images) == 2
+            and all(bool(np.isfinite(np.asarray(img, dtype=np.float32)).all()) for img in gen.images)
+        )
+        out["ok"] = out["ok"] and ok
+        out[name] = {"ok": ok, "transformer_dtype": str(param.dtype), "transformer_device": str(param.device),
+                     "latent_shape": list(gen.latents.shape), "transformer_calls": gen.unet_calls,
+                     "denoise_s": round(gen.denoise_s, 4)}  # fmt: skip
+    return out
+
+
+def _check_dit_resume(registry) -> dict:
+    import torch
+
+    from workers.pipelines import generate, resume
+
+    out: dict = {"ok": True}
+    for name in DIT_MODELS:
+        model = registry.load(name)
+        full = generate(model, ["a red cube"], [7], steps=8, capture=(4,), decode_images=False)
+        again = resume(model, ["a red cube"], full.captured[4], 4, [7], steps=8, decode_images=False)
+        same = bool(torch.equal(full.latents, again.latents))
+        ok = same and again.unet_calls == full.unet_calls // 2
+        out["ok"] = out["ok"] and ok
+        out[name] = {"ok": ok, "bit_exact": same,
+                     "max_abs_diff": float((full.latents.float() - again.latents.float()).abs().max()),
+                     "calls_full": full.unet_calls, "calls_resume": again.unet_calls}  # fmt: skip
+    return out
 
 
 def _check_cascade(registry, device: str) -> dict:
@@ -127,7 +184,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16", "float32"))
     ap.add_argument("--out", default="cuda-check", help="folder for report.json and the measured profile")
     ap.add_argument("--models-dir", help="where the demo models are built (default: a folder under --out)")
+    ap.add_argument("--only", help="comma-separated checks to run (default: all; --list names them)")
+    ap.add_argument("--list", action="store_true", help="print the checks' names and exit")
     args = ap.parse_args(argv)
+    names = ("generate", "ac_capture_resume", "cascade", "profile_measure", "dit_generate", "dit_resume")
+    if args.list:
+        print("\n".join(names))
+        return 0
+    chosen = names if not args.only else tuple(x.strip() for x in args.only.split(",") if x.strip())
+    unknown = [x for x in chosen if x not in names]
+    if unknown:
+        ap.error(f"--only: unknown check(s) {', '.join(unknown)} (checks: {', '.join(names)})")
     import torch
 
     from workers.registry import ModelRegistry
@@ -147,7 +214,10 @@ def main(argv: list[str] | None = None) -> int:
         "ac_capture_resume": lambda: _check_ac(registry),
         "cascade": lambda: _check_cascade(registry, args.device),
         "profile_measure": lambda: _check_measure(out, args.device, args.dtype, models_dir),
+        "dit_generate": lambda: _check_dit_generate(registry, args.device, args.dtype),
+        "dit_resume": lambda: _check_dit_resume(registry),
     }
+    checks = {name: checks[name] for name in chosen}
     for name, check in checks.items():
         try:
             report[name] = check()

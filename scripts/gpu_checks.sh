@@ -1,7 +1,9 @@
 #!/bin/bash
 # The checks and benchmarks to run on a GPU machine, in one go (docs/benchmarks.md, "CUDA path"):
 #   scripts/gpu_checks.sh [OUT_DIR] [DEVICE]
-# 1. scripts/check_cuda_path.py in float16 and bfloat16 (tiny demo models, no weights needed);
+# 1. scripts/check_cuda_path.py in float16 and bfloat16 (tiny demo models, no weights needed): SD-XL/SD
+#    generate, AC resume, cascade, profile measure, and the DiT checks (tiny FLUX.1 and SD3 on the
+#    device in that dtype, bit-exact flow-matching resume);
 # 2. the router's prompt stage with its MiniLM on the GPU (scripts/bench_router_encoder.py);
 # 3. the cascade discriminator's latency on the GPU (scripts/bench_classifier.py).
 # Everything goes to OUT_DIR/log.txt and the reports under OUT_DIR/<dtype>/. Each step has a time
@@ -22,7 +24,7 @@ quiet() { grep -v -e "should be kept in float32" -e "^Loading weights" -e "it/s]
 status=0
 for dt in float16 bfloat16; do
   echo "=== check_cuda_path --device $DEVICE --dtype $dt" | tee -a "$LOG"
-  timeout 150 python3 scripts/check_cuda_path.py --device "$DEVICE" --dtype $dt --out "$OUT_DIR/$dt" \
+  timeout 180 python3 scripts/check_cuda_path.py --device "$DEVICE" --dtype $dt --out "$OUT_DIR/$dt" \
     --models-dir "${TMPDIR:-/tmp}/argusdiff-gpu-models" 2>&1 | quiet | tee -a "$LOG" || status=1
 done
 echo "=== bench_router_encoder --device $DEVICE (float32, open loop at 200 prompts/s)" | tee -a "$LOG"

@@ -56,9 +56,10 @@ def load_discriminator(path: str, *, light: str | None = None, profile: str | No
 
 
 def latents_compatible(registry: ModelRegistry, light: str, heavy: str) -> bool:
-    """Whether ``heavy`` can refine ``light``'s latent: same family and latent geometry."""
+    """Whether ``heavy`` can refine ``light``'s latent: same UNet family (SD-1.x/2.x or SD-XL; the
+    SDEdit refinement is written for their img2img pipelines) and latent geometry."""
     a, b = registry.spec(light), registry.spec(heavy)
-    return a.family == b.family and (a.height, a.width) == (b.height, b.width)
+    return a.family == b.family and a.family in ("sd", "sdxl") and (a.height, a.width) == (b.height, b.width)
 
 
 class CascadeExecutor(ModelExecutor):

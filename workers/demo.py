@@ -1,4 +1,5 @@
-"""Tiny SD-1.x- and SD-XL-shaped diffusers pipelines built from configs (random weights).
+"""Tiny SD-1.x-, SD-XL-, FLUX.1- and SD3-shaped diffusers pipelines built from configs (random
+weights).
 
 They exist so the whole serving path (registry → ``from_pretrained`` → AC capture/resume, SM,
 cascade, worker loop, ``argusdiff generate``) runs offline on a CPU in seconds. Their images are
@@ -6,7 +7,14 @@ noise-like: they check the pipeline, never image quality.
 
 The tokenizer is the real CLIP BPE (vocab and merges derived from the
 ``bpe_simple_vocab_16e6.txt.gz`` that ships inside the open_clip wheel), so prompts tokenize as
-they do for real Stable Diffusion models. Models are built once per folder with a fixed seed and
+they do for real Stable Diffusion models. The DiT pipelines (``tiny-flux``, ``tiny-flux-schnell``,
+``tiny-sd3``) keep the real models' shapes where they matter to the serving path: 16 latent
+channels, a VAE that downsamples 8×, FLUX's 2×2 latent packing and guidance embedding (absent in
+the [schnell]-shaped one), SD3's patch size 2 and three text encoders (two CLIP, one T5 encoder),
+and flow-matching Euler schedulers with FLUX's resolution-dependent (dynamic) shift and SD3's
+fixed shift 3. Departure: their T5 encoder reads the CLIP BPE tokens (T5's SentencePiece
+vocabulary does not ship in any installed package); the encoder itself is a real
+``T5EncoderModel``. Models are built once per folder with a fixed seed and
 ``save_pretrained``; :class:`workers.registry.ModelRegistry` then loads them with
 ``from_pretrained`` exactly like a hub model.
 """
@@ -31,7 +39,7 @@ __all__ = [
     "load_demo_profile",
 ]
 
-DEMO_MODELS = ("tiny-sd", "tiny-sdxl")
+DEMO_MODELS = ("tiny-sd", "tiny-sdxl", "tiny-flux", "tiny-flux-schnell", "tiny-sd3")
 #: Extra demo profiles (SM ladder, cascade) beside the shipped ``demo-cpu`` AC profile.
 DEMO_PROFILE_DIR = Path(__file__).resolve().parent.parent / "argusdiff" / "profiles"  # shipped with the package
 _VERSION = "1"  # bump when the configs below change (folders are rebuilt)
@@ -116,8 +124,123 @@ def _vae():
     )
 
 
+def _dit_vae(shift_factor: float, scaling_factor: float):
+    """A 16-channel VAE that downsamples 8x (four blocks), as FLUX.1's and SD3's do; the shift
+    and scaling factors are those of the real VAE configs (FLUX.1: 0.1159 / 0.3611, SD3: 0.0609 /
+    1.5305)."""
+    from diffusers import AutoencoderKL
+
+    return AutoencoderKL(
+        block_out_channels=(8, 16, 16, 16),
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4,
+        latent_channels=16,
+        norm_num_groups=8,
+        sample_size=64,
+        use_quant_conv=False,
+        use_post_quant_conv=False,
+        shift_factor=shift_factor,
+        scaling_factor=scaling_factor,
+    )
+
+
+def _t5(d_model: int):
+    from transformers import T5Config, T5EncoderModel
+
+    return T5EncoderModel(
+        T5Config(
+            vocab_size=49408,
+            d_model=d_model,
+            d_kv=8,
+            d_ff=37,
+            num_layers=2,
+            num_heads=4,
+            relative_attention_num_buckets=8,
+            pad_token_id=49407,
+            eos_token_id=49407,
+            decoder_start_token_id=0,
+        )
+    )
+
+
+def _build_flux(kind: str):
+    """FLUX.1-shaped: CLIP (pooled) + T5 text encoders, an MM-DiT with double- and single-stream
+    blocks; ``tiny-flux`` embeds the guidance scale as [dev] does, ``tiny-flux-schnell`` does not
+    and has fewer blocks (the smaller model of a ladder)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+    from transformers import CLIPTextModel
+
+    dev = kind == "tiny-flux"
+    transformer = FluxTransformer2DModel(
+        patch_size=1,
+        in_channels=64,  # 16 latent channels packed 2x2
+        num_layers=2 if dev else 1,
+        num_single_layers=2 if dev else 1,
+        attention_head_dim=8,
+        num_attention_heads=2,
+        joint_attention_dim=32,
+        pooled_projection_dim=_TEXT_DIM,
+        guidance_embeds=dev,
+        axes_dims_rope=(2, 2, 4),
+    )
+    # FLUX.1 [dev]'s scheduler config: dynamic (resolution-dependent) shift between 0.5 and 1.15
+    scheduler = FlowMatchEulerDiscreteScheduler(
+        shift=3.0,
+        use_dynamic_shifting=True,
+        base_shift=0.5,
+        max_shift=1.15,
+        base_image_seq_len=256,
+        max_image_seq_len=4096,
+    )
+    tokenizer = _tokenizer()
+    return FluxPipeline(
+        scheduler=scheduler,
+        vae=_dit_vae(0.1159, 0.3611),
+        text_encoder=CLIPTextModel(_text_config(False)),
+        tokenizer=tokenizer,
+        text_encoder_2=_t5(32),
+        tokenizer_2=tokenizer,
+        transformer=transformer,
+    )
+
+
+def _build_sd3():
+    """SD3-shaped: two CLIP encoders with projections and a T5 encoder, an MM-DiT with patch
+    size 2, a flow-matching Euler scheduler with SD3's fixed shift 3.0."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
+    from transformers import CLIPTextModelWithProjection
+
+    transformer = SD3Transformer2DModel(
+        sample_size=8,
+        patch_size=2,
+        in_channels=16,
+        num_layers=2,
+        attention_head_dim=8,
+        num_attention_heads=2,
+        joint_attention_dim=2 * _TEXT_DIM,  # the T5 width; the two CLIP widths are padded to it
+        caption_projection_dim=16,
+        pooled_projection_dim=2 * _TEXT_DIM,  # both CLIP encoders' pooled projections
+        out_channels=16,
+        pos_embed_max_size=16,
+    )
+    tokenizer = _tokenizer()
+    return StableDiffusion3Pipeline(
+        transformer=transformer,
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+        vae=_dit_vae(0.0609, 1.5305),
+        text_encoder=CLIPTextModelWithProjection(_text_config(True)),
+        tokenizer=tokenizer,
+        text_encoder_2=CLIPTextModelWithProjection(_text_config(True)),
+        tokenizer_2=tokenizer,
+        text_encoder_3=_t5(2 * _TEXT_DIM),
+        tokenizer_3=tokenizer,
+    )
+
+
 def build_demo_pipeline(kind: str):
-    """A tiny pipeline of ``kind`` (``tiny-sd`` or ``tiny-sdxl``) with seeded random weights."""
+    """A tiny pipeline of ``kind`` (one of :data:`DEMO_MODELS`) with seeded random weights."""
     import torch
     from diffusers import (
         DDIMScheduler,
@@ -131,6 +254,10 @@ def build_demo_pipeline(kind: str):
     if kind not in DEMO_MODELS:
         raise ValueError(f"unknown demo model {kind!r}; demo models: {', '.join(DEMO_MODELS)}")
     torch.manual_seed(_SEED)
+    if kind in ("tiny-flux", "tiny-flux-schnell"):
+        return _build_flux(kind)
+    if kind == "tiny-sd3":
+        return _build_sd3()
     tokenizer = _tokenizer()
     if kind == "tiny-sd":
         unet = UNet2DConditionModel(

@@ -13,11 +13,22 @@ per step and multistep ones keep a history, so :func:`check_resumable` refuses t
   same timestep the full run reached); the number of remaining steps is checked to be N−K.
 * **resume, SD-1.x/2.x**: the same loop as ``StableDiffusionPipeline`` driven from
   ``timesteps[K*order:]``.
+* **resume, flow matching (FLUX.1, SD3/SD3.5)**: the family's own pipeline is called with the
+  captured latents (FLUX's packed ``(B, H/16·W/16, 64)`` tokens, SD3's ``(B, 16, H/8, W/8)``) as
+  ``latents``, and its scheduler keeps the schedule the full run computes (the resolution-dependent
+  shift ``mu`` of FLUX.1 included, from the same image sequence length) cut after K steps:
+  :func:`_cut_schedule` wraps ``set_timesteps`` for the call so the pipeline loops over
+  ``timesteps[K:]`` with ``sigmas[K:]``. Flow matching's Euler step is ``x + (σ_next − σ)·v``,
+  deterministic unless the scheduler is configured with ``stochastic_sampling`` (refused).
+
+The denoising network is ``pipe.unet`` for UNet families and ``pipe.transformer`` for DiTs
+(:func:`denoiser`); :class:`StepCounter` counts its forward calls either way.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import time
 import zlib
@@ -30,16 +41,18 @@ import torch
 
 from workers.cancel import Cancelled, CancelWatch
 from workers.errors import LatentMismatch, UnsupportedScheduler
-from workers.registry import AC_SCHEDULERS, LoadedModel
+from workers.registry import AC_SCHEDULERS, FLOW_FAMILIES, LoadedModel
 
 __all__ = [
     "Cancelled",
     "Generation",
+    "StepCounter",
     "StepObserver",
     "UnetCounter",
     "check_resumable",
     "decode",
     "default_seed",
+    "denoiser",
     "generate",
     "latent_shape",
     "refine_from_latent",
@@ -74,12 +87,20 @@ class Generation:
     decode_s: float = 0.0
 
 
-class UnetCounter:
-    """Counts forward calls of a pipeline's denoising network (one per step, CFG included)."""
+def denoiser(pipe: Any) -> Any:
+    """A pipeline's denoising network: ``transformer`` (DiTs: FLUX.1, SD3) or ``unet``."""
+    net = getattr(pipe, "transformer", None)
+    return net if net is not None else pipe.unet
+
+
+class StepCounter:
+    """Counts forward calls of a pipeline's denoising network, UNet or transformer (one per step
+    and CFG branch: SD-x runs its two branches as one batch, SD3 too; FLUX.1 [dev] embeds the
+    guidance and makes one call)."""
 
     def __init__(self, pipe: Any) -> None:
         self.calls = 0
-        self._handle = pipe.unet.register_forward_pre_hook(self._hook)
+        self._handle = denoiser(pipe).register_forward_pre_hook(self._hook)
 
     def _hook(self, *_: Any) -> None:
         self.calls += 1
@@ -87,11 +108,14 @@ class UnetCounter:
     def close(self) -> None:
         self._handle.remove()
 
-    def __enter__(self) -> UnetCounter:
+    def __enter__(self) -> StepCounter:
         return self
 
     def __exit__(self, *_: Any) -> None:
         self.close()
+
+
+UnetCounter = StepCounter  # the name the SD/SD-XL code paths used
 
 
 def default_seed(request_id: str) -> int:
@@ -109,15 +133,36 @@ def check_resumable(model: LoadedModel) -> str:
             f"approximate caching needs one of {', '.join(sorted(AC_SCHEDULERS))} "
             "(set the model's 'scheduler' in [workers.models])"
         )
-    if getattr(sched.config, "prediction_type", "epsilon") not in ("epsilon", "v_prediction", "sample"):
+    if getattr(sched.config, "stochastic_sampling", False):
+        raise UnsupportedScheduler(
+            f"model {model.spec.name!r}: scheduler {name} is configured with stochastic_sampling (fresh noise "
+            "every step): a trajectory cannot resume from a cached latent exactly"
+        )
+    prediction = getattr(sched.config, "prediction_type", "epsilon")
+    if prediction not in ("epsilon", "v_prediction", "sample", "flow_prediction"):
         raise UnsupportedScheduler(f"model {model.spec.name!r}: unsupported prediction type")
     return name
 
 
 def latent_shape(model: LoadedModel, batch: int = 1) -> tuple[int, ...]:
+    """The shape of a batch's latents as the pipeline's denoising loop holds them: FLUX.1 packs
+    2×2 patches of its 16-channel latents into tokens, ``(B, H/16 · W/16, 64)``; the other
+    families keep ``(B, C, H/8, W/8)``."""
     pipe = model.pipe
     f = pipe.vae_scale_factor
-    return (batch, pipe.unet.config.in_channels, model.spec.height // f, model.spec.width // f)
+    h, w = model.spec.height // f, model.spec.width // f
+    if model.spec.family == "flux":
+        return (batch, (h // 2) * (w // 2), denoiser(pipe).config.in_channels)
+    return (batch, denoiser(pipe).config.in_channels, h, w)
+
+
+def call_kwargs(model: LoadedModel) -> dict[str, Any]:
+    """Keyword arguments a family's pipeline takes beyond the common ones: the T5 prompt length
+    (``max_sequence_length``) of FLUX.1 and SD3 when the spec sets one."""
+    spec = model.spec
+    if spec.family in FLOW_FAMILIES and spec.text_length is not None:
+        return {"max_sequence_length": int(spec.text_length)}
+    return {}
 
 
 def _generators(model: LoadedModel, seeds: Sequence[int]) -> list[torch.Generator]:
@@ -148,9 +193,14 @@ def decode(model: LoadedModel, latents: torch.Tensor, vae: Any = None) -> list[A
         if upcast:
             cast(vae, torch.float32)
         lat = latents.to(device=vae.device, dtype=vae.dtype)
+        if model.spec.family == "flux" and lat.dim() == 3:  # packed tokens -> (B, 16, H/8, W/8)
+            lat = pipe._unpack_latents(lat, model.spec.height, model.spec.width, pipe.vae_scale_factor)
         mean = getattr(vae.config, "latents_mean", None)
         std = getattr(vae.config, "latents_std", None)
-        if mean is not None and std is not None:
+        shift = getattr(vae.config, "shift_factor", None)
+        if shift is not None and model.spec.family in FLOW_FAMILIES:  # as FluxPipeline / SD3 decode
+            lat = lat / vae.config.scaling_factor + shift
+        elif mean is not None and std is not None:
             m = torch.tensor(mean).view(1, -1, 1, 1).to(lat.device, lat.dtype)
             s = torch.tensor(std).view(1, -1, 1, 1).to(lat.device, lat.dtype)
             lat = lat * s / vae.config.scaling_factor + m
@@ -225,7 +275,7 @@ def generate(
 
     pipe = model.pipe
     watch = on_step.watch(pipe.scheduler) if report else contextlib.nullcontext()
-    with model.lock, UnetCounter(pipe) as counter, torch.inference_mode(), watch:
+    with model.lock, StepCounter(pipe) as counter, torch.inference_mode(), watch:
         if report:
             on_step.begin()
         t0 = time.perf_counter()
@@ -239,6 +289,7 @@ def generate(
             output_type="latent",
             callback_on_step_end=on_step_end if ks or report or stop.active else None,
             callback_on_step_end_tensor_inputs=["latents"],
+            **call_kwargs(model),
         )
         latents = out.images
         _sync(model)
@@ -258,13 +309,15 @@ def _as_latents(model: LoadedModel, latents: torch.Tensor | np.ndarray | Sequenc
     elif isinstance(latents, np.ndarray):
         lat = torch.from_numpy(np.ascontiguousarray(latents))
     else:
-        lat = torch.from_numpy(np.stack([np.asarray(a).reshape(np.asarray(a).shape[-3:]) for a in latents]))
-    if lat.dim() == 3:
+        dims = len(latent_shape(model)) - 1  # one item's dims: 3, or 2 for FLUX's packed tokens
+        lat = torch.from_numpy(np.stack([np.asarray(a).reshape(np.asarray(a).shape[-dims:]) for a in latents]))
+    if lat.dim() == len(latent_shape(model)) - 1:
         lat = lat.unsqueeze(0)
     expected = latent_shape(model, lat.shape[0])
     if tuple(lat.shape) != expected:
         raise LatentMismatch(f"model {model.spec.name!r}: latent shape {tuple(lat.shape)} != expected {expected}")
-    return lat.to(device=model.pipe.unet.device, dtype=model.pipe.unet.dtype)
+    net = denoiser(model.pipe)
+    return lat.to(device=net.device, dtype=net.dtype)
 
 
 def _sdxl_img2img(model: LoadedModel) -> Any:
@@ -327,6 +380,73 @@ def _resume_sd(
     return latents
 
 
+@contextlib.contextmanager
+def _cut_schedule(model: LoadedModel, k: int, n: int):
+    """For one pipeline call: the scheduler computes the full N-step schedule exactly as an
+    uninterrupted run does (its shift included), then keeps only the part after step K."""
+    scheduler = model.pipe.scheduler
+    original = scheduler.set_timesteps
+
+    @functools.wraps(original)  # pipelines inspect its signature (custom sigmas)
+    def set_timesteps(*args: Any, **kwargs: Any) -> None:
+        original(*args, **kwargs)
+        start = k * scheduler.order
+        remaining = len(scheduler.timesteps) - start
+        if remaining != n - k:
+            raise UnsupportedScheduler(
+                f"model {model.spec.name!r}: the schedule does not split at K={k} of N={n} "
+                f"({remaining} steps would remain)"
+            )
+        scheduler.timesteps = scheduler.timesteps[start:]
+        scheduler.sigmas = scheduler.sigmas[start:]
+
+    scheduler.set_timesteps = set_timesteps
+    try:
+        yield
+    finally:
+        with contextlib.suppress(AttributeError):
+            del scheduler.set_timesteps  # the class's method again
+
+
+def _resume_flow(
+    model: LoadedModel,
+    prompts: Sequence[str],
+    latents: torch.Tensor,
+    k: int,
+    n: int,
+    guidance: float,
+    gens: list,
+    report: StepObserver | None,
+    stop: _Stop,
+) -> torch.Tensor:
+    """Flow matching (FLUX.1, SD3): the family's pipeline from ``latents`` over the full run's
+    schedule cut after K steps (:func:`_cut_schedule`)."""
+    pipe = model.pipe
+
+    def on_step_end(p: Any, i: int, t: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+        if report is not None:
+            report.step(k + i + 1, kwargs["latents"])
+        stop.after(p, k + i + 1)
+        return kwargs
+
+    watch = report.watch(pipe.scheduler) if report is not None else contextlib.nullcontext()
+    with _cut_schedule(model, k, n), watch:
+        out = pipe(
+            list(prompts),
+            num_inference_steps=n,
+            guidance_scale=guidance,
+            height=model.spec.height,
+            width=model.spec.width,
+            generator=gens,
+            latents=latents,
+            output_type="latent",
+            callback_on_step_end=on_step_end if report is not None or stop.active else None,
+            callback_on_step_end_tensor_inputs=["latents"],
+            **call_kwargs(model),
+        )
+    return out.images
+
+
 def resume(
     model: LoadedModel,
     prompts: Sequence[str],
@@ -354,11 +474,13 @@ def resume(
     gens = _generators(model, seeds)
     report = on_step if on_step is not None and on_step.active else None
     stop = _Stop(cancel)
-    with model.lock, UnetCounter(model.pipe) as counter, torch.inference_mode():
+    with model.lock, StepCounter(model.pipe) as counter, torch.inference_mode():
         t0 = time.perf_counter()
         if report is not None:
             report.begin()
-        if spec.family == "sdxl":
+        if spec.family in FLOW_FAMILIES:
+            final = _resume_flow(model, prompts, lat, k, n, g, gens, report, stop)
+        elif spec.family == "sdxl":
             img2img = _sdxl_img2img(model)
             img2img.scheduler.set_timesteps(n)
             start = k / n
@@ -436,7 +558,7 @@ def refine_from_latent(
         pipe = cls(**comps)
         pipe.set_progress_bar_config(disable=True)
         model.extras[key] = pipe
-    with model.lock, UnetCounter(model.pipe) as counter, torch.inference_mode():
+    with model.lock, StepCounter(model.pipe) as counter, torch.inference_mode():
         t0 = time.perf_counter()
         out = pipe(
             list(prompts),

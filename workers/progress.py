@@ -16,7 +16,8 @@ Euler do, ``pred_original_sample``), that prediction is decoded, a clean preview
 trajectory is heading; otherwise the noisy latent itself. The decoder is the model's preview
 decoder (:func:`preview_decoder`): a TAESD-style tiny autoencoder when one is configured or
 available (``preview_decoder`` of the model's registry entry; ``madebyollin/taesd`` /
-``madebyollin/taesdxl`` by family; ``vae`` for the model's own VAE), else the model's own VAE.
+``madebyollin/taesdxl`` / ``madebyollin/taef1`` / ``madebyollin/taesd3`` by family; ``vae`` for
+the model's own VAE), else the model's own VAE. FLUX.1's packed latents are unpacked first.
 Demo models get a tiny random one (a pipeline check, like the models themselves).
 """
 
@@ -37,8 +38,14 @@ log = logging.getLogger("argusdiff.workers")
 
 Sink = Callable[[str, dict], None]
 
-#: TAESD decoders by pipeline family (madebyollin/taesd: SD-1.x/2.x latents; taesdxl: SD-XL).
-FAMILY_PREVIEW = {"sd": "madebyollin/taesd", "sdxl": "madebyollin/taesdxl"}
+#: TAESD decoders by pipeline family (madebyollin/taesd: SD-1.x/2.x latents; taesdxl: SD-XL;
+#: taef1: FLUX.1's 16-channel latents; taesd3: SD3's).
+FAMILY_PREVIEW = {
+    "sd": "madebyollin/taesd",
+    "sdxl": "madebyollin/taesdxl",
+    "flux": "madebyollin/taef1",
+    "sd3": "madebyollin/taesd3",
+}
 
 _local = threading.local()
 
@@ -209,7 +216,7 @@ def _tiny_autoencoder(model: Any, source: str) -> Any:
     if source == "demo:tiny":
         # random weights sized to the model's latent space: a pipeline check, like demo models
         blocks = round(math.log2(pipe.vae_scale_factor)) + 1
-        channels = pipe.unet.config.in_channels
+        channels = pipe.vae.config.latent_channels
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
             tiny = AutoencoderTiny(

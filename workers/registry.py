@@ -1,11 +1,13 @@
 """The model registry: what a level's ``model`` name means and how its pipeline is loaded.
 
 A :class:`ModelSpec` names a diffusers model (hub id, local folder, or one single-file checkpoint),
-its pipeline family
-(``sd`` for SD-1.x/2.x-style UNets with one CLIP text encoder, ``sdxl`` for SD-XL-style with two),
+its pipeline family (:data:`FAMILY_PIPELINES`: ``sd`` for SD-1.x/2.x-style UNets with one CLIP
+text encoder, ``sdxl`` for SD-XL-style with two, ``flux`` for FLUX.1-style DiTs
+(``FluxPipeline``), ``sd3`` for SD3/SD3.5 DiTs (``StableDiffusion3Pipeline``)),
 the scheduler to run (class name + config overrides; ``None`` keeps the model's own), the default
 number of steps, guidance scale and resolution. :class:`ModelRegistry` loads pipelines with
-``from_pretrained`` (fp16 and the GPU when one is present, fp32 on CPU), keeps the loaded ones
+``from_pretrained`` (on a GPU: float16, or the spec's ``gpu_dtype`` such as bfloat16 for FLUX.1 and SD3.5, whose
+model cards load them in bfloat16; float32 on CPU; an explicit registry dtype wins), keeps the loaded ones
 per worker (least recently used evicted beyond ``max_loaded``) and records every load time.
 
 Sources, and how each loads:
@@ -45,6 +47,8 @@ from typing import Any, Literal
 from workers.errors import ModelLoadError, UnknownModel
 
 __all__ = [
+    "FAMILY_PIPELINES",
+    "FLOW_FAMILIES",
     "SHIPPED_MODELS",
     "LoadedModel",
     "ModelRegistry",
@@ -55,7 +59,17 @@ __all__ = [
     "resolve_device",
 ]
 
-Family = Literal["sd", "sdxl"]
+Family = Literal["sd", "sdxl", "flux", "sd3"]
+
+#: The diffusers text-to-image pipeline class of each family.
+FAMILY_PIPELINES: dict[str, str] = {
+    "sd": "StableDiffusionPipeline",
+    "sdxl": "StableDiffusionXLPipeline",
+    "flux": "FluxPipeline",
+    "sd3": "StableDiffusion3Pipeline",
+}
+#: Families whose denoiser is a transformer (``pipe.transformer``) sampled by flow matching.
+FLOW_FAMILIES = frozenset({"flux", "sd3"})
 
 #: Suffixes of single-file checkpoints (loaded with ``from_single_file``).
 SINGLE_FILE_SUFFIXES = (".safetensors", ".ckpt", ".pt", ".pth", ".bin")
@@ -63,13 +77,14 @@ _WEIGHT_SUFFIXES = (".safetensors", ".bin")
 
 #: Schedulers that are first-order and deterministic: a trajectory captured after K steps can be
 #: resumed exactly (approximate caching). Ancestral/SDE and multistep (history) schedulers cannot.
-AC_SCHEDULERS = frozenset({"DDIMScheduler", "EulerDiscreteScheduler"})
+#: Flow matching's Euler sampler (FLUX.1, SD3) is one, unless configured with stochastic sampling.
+AC_SCHEDULERS = frozenset({"DDIMScheduler", "EulerDiscreteScheduler", "FlowMatchEulerDiscreteScheduler"})
 
 
 @dataclass(frozen=True, slots=True)
 class ModelSpec:
     name: str
-    source: str  # hub id, local folder, single checkpoint file, or "demo:<tiny-sd|tiny-sdxl>"
+    source: str  # hub id, local folder, single checkpoint file, or "demo:<kind>" (workers.demo.DEMO_MODELS)
     family: Family
     scheduler: str | None = None  # diffusers scheduler class name; None keeps the model's own
     scheduler_kwargs: Mapping[str, Any] = field(default_factory=dict)
@@ -81,6 +96,8 @@ class ModelSpec:
     unet_weights: str | None = None  # "<hub repo>/<file>.safetensors" replacing the UNet (distilled models)
     config: str | None = None  # single-file checkpoints: diffusers folder or hub id with the component configs
     preview_decoder: str | None = None  # partial images: TAESD-style id/folder, "vae"; None: by family
+    gpu_dtype: str | None = None  # dtype on a GPU when the registry's dtype is "auto" (None: float16)
+    text_length: int | None = None  # T5 tokens per prompt (flux/sd3 max_sequence_length; None: the pipeline's)
     description: str = ""
 
     def with_overrides(self, overrides: Mapping[str, Any]) -> ModelSpec:
@@ -199,6 +216,77 @@ SHIPPED_MODELS: dict[str, ModelSpec] = {
             guidance=7.5,
             description="Segmind Tiny-SD (block-removed distillation of SD-1.5)",
         ),
+        # DiT / flow-matching families. Steps, guidance and resolution follow the model cards'
+        # examples (FLUX.1 [dev]: 50 steps, guidance 3.5, 1024 px, max_sequence_length 512;
+        # [schnell]: 4 steps, guidance 0, max_sequence_length 256; SD3.5 Large: 28 steps, guidance
+        # 3.5; Medium: 40 steps, guidance 4.5; Large-Turbo: 4 steps, guidance 0), all in bfloat16.
+        _spec(
+            name="flux.1-dev",
+            source="black-forest-labs/FLUX.1-dev",
+            family="flux",
+            scheduler=None,  # its own FlowMatchEulerDiscreteScheduler (dynamic shift): resumable
+            steps=50,
+            guidance=3.5,
+            height=1024,
+            width=1024,
+            gpu_dtype="bfloat16",
+            text_length=512,
+            preview_decoder="madebyollin/taef1",
+            description="FLUX.1 [dev] (guidance-distilled, 12B MM-DiT), flow-matching Euler",
+        ),
+        _spec(
+            name="flux.1-schnell",
+            source="black-forest-labs/FLUX.1-schnell",
+            family="flux",
+            scheduler=None,
+            steps=4,
+            guidance=0.0,
+            height=1024,
+            width=1024,
+            gpu_dtype="bfloat16",
+            text_length=256,
+            preview_decoder="madebyollin/taef1",
+            description="FLUX.1 [schnell] (timestep-distilled, 1-4 steps, no guidance)",
+        ),
+        _spec(
+            name="sd3.5-large",
+            source="stabilityai/stable-diffusion-3.5-large",
+            family="sd3",
+            scheduler=None,
+            steps=28,
+            guidance=3.5,
+            height=1024,
+            width=1024,
+            gpu_dtype="bfloat16",
+            preview_decoder="madebyollin/taesd3",
+            description="Stable Diffusion 3.5 Large (8.1B MM-DiT), flow-matching Euler",
+        ),
+        _spec(
+            name="sd3.5-medium",
+            source="stabilityai/stable-diffusion-3.5-medium",
+            family="sd3",
+            scheduler=None,
+            steps=40,
+            guidance=4.5,
+            height=1024,
+            width=1024,
+            gpu_dtype="bfloat16",
+            preview_decoder="madebyollin/taesd3",
+            description="Stable Diffusion 3.5 Medium (2.5B MMDiT-X), flow-matching Euler",
+        ),
+        _spec(
+            name="sd3.5-large-turbo",
+            source="stabilityai/stable-diffusion-3.5-large-turbo",
+            family="sd3",
+            scheduler=None,
+            steps=4,
+            guidance=0.0,
+            height=1024,
+            width=1024,
+            gpu_dtype="bfloat16",
+            preview_decoder="madebyollin/taesd3",
+            description="Stable Diffusion 3.5 Large Turbo (ADD-distilled, 4 steps, no guidance)",
+        ),
         # Tiny random-weight pipelines for this CPU machine and CI: a pipeline check, not quality.
         _spec(
             name="demo-tiny-sdxl",
@@ -233,6 +321,42 @@ SHIPPED_MODELS: dict[str, ModelSpec] = {
             height=64,
             width=64,
             description="tiny one-step light level (SD-Turbo-style: 1 step, no CFG), random weights",
+        ),
+        _spec(
+            name="demo-tiny-flux",
+            source="demo:tiny-flux",
+            family="flux",
+            steps=8,
+            guidance=3.5,
+            height=64,
+            width=64,
+            gpu_dtype="bfloat16",
+            text_length=32,
+            description="tiny FLUX.1 [dev]-shaped pipeline (guidance embedding, dynamic shift), random weights",
+        ),
+        _spec(
+            name="demo-tiny-flux-schnell",
+            source="demo:tiny-flux-schnell",
+            family="flux",
+            steps=2,
+            guidance=0.0,
+            height=64,
+            width=64,
+            gpu_dtype="bfloat16",
+            text_length=32,
+            description="tiny FLUX.1 [schnell]-shaped pipeline (fewer blocks, no guidance, 2 steps), random weights",
+        ),
+        _spec(
+            name="demo-tiny-sd3",
+            source="demo:tiny-sd3",
+            family="sd3",
+            steps=8,
+            guidance=4.5,
+            height=64,
+            width=64,
+            gpu_dtype="bfloat16",
+            text_length=32,
+            description="tiny SD3-shaped pipeline (three text encoders, patch size 2, shift 3), random weights",
         ),
     )
 }
@@ -373,10 +497,14 @@ class ModelRegistry:
     def device(self) -> str:
         return resolve_device(self.device_setting)
 
-    def torch_dtype_name(self) -> str:
+    def torch_dtype_name(self, spec: ModelSpec | None = None) -> str:
+        """The weights' dtype: the registry's setting, else on a GPU the spec's ``gpu_dtype``
+        (float16 without one), else float32."""
         if self.dtype_setting != "auto":
             return self.dtype_setting
-        return "float16" if self.device.startswith("cuda") else "float32"
+        if not self.device.startswith("cuda"):
+            return "float32"
+        return (spec.gpu_dtype if spec is not None else None) or "float16"
 
     def loaded(self) -> tuple[str, ...]:
         with self._lock:
@@ -415,7 +543,9 @@ class ModelRegistry:
             with MODEL_BUILD_LOCK:
                 pipe = self._load_pipeline(spec)
             load_s = time.perf_counter() - t0
-            loaded = LoadedModel(spec=spec, pipe=pipe, device=self.device, dtype=self.torch_dtype_name(), load_s=load_s)
+            loaded = LoadedModel(
+                spec=spec, pipe=pipe, device=self.device, dtype=self.torch_dtype_name(spec), load_s=load_s
+            )
             with self._lock:
                 self._loaded[name] = loaded
                 self.load_times[name] = load_s
@@ -430,10 +560,14 @@ class ModelRegistry:
 
         diffusers.utils.logging.disable_progress_bar()
         transformers.utils.logging.disable_progress_bar()
-        dtype_name = self.torch_dtype_name()
+        dtype_name = self.torch_dtype_name(spec)
         dtype = getattr(torch, dtype_name)
         device = self.device
-        pipe_cls = diffusers.StableDiffusionXLPipeline if spec.family == "sdxl" else diffusers.StableDiffusionPipeline
+        if spec.family not in FAMILY_PIPELINES:
+            raise ModelLoadError(
+                f"model {spec.name!r}: field 'family' must be one of {', '.join(FAMILY_PIPELINES)}, got {spec.family!r}"
+            )
+        pipe_cls = getattr(diffusers, FAMILY_PIPELINES[spec.family])
         path = self.local_path(spec)
         kwargs: dict[str, Any] = {dtype_keyword(diffusers.__version__): dtype}
         if spec.family == "sd":
