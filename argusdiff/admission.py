@@ -262,7 +262,9 @@ class Admission:
             if level is None:
                 return None
             b = max(1, int(plan.batch_sizes.get(level_id, 1))) if plan.batch_sizes else 1
-            lat = self._times[level_id] = tuple(level.latency(k) * self.config.time_scale for k in range(1, b + 1))
+            # the measured latencies the plan was made with (argusdiff.latency), else the profile's
+            scale = self.config.time_scale * plan.latency_scale.get(level_id, 1.0)
+            lat = self._times[level_id] = tuple(level.latency(k) * scale for k in range(1, b + 1))
         return lat
 
     def _retry(self, seconds: float) -> float:

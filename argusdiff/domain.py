@@ -397,6 +397,9 @@ class ClusterStats:
     resident: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # worker id -> models loaded, ready
     tier_arrivals: Mapping[str, int] = field(default_factory=dict)  # arrivals of the last period per SLO tier
     cache_hit_rate: float | None = None  # share of the last period's cache lookups that hit (None: unknown)
+    # level id -> measured batch latency / profiled (argusdiff.latency.LatencyEstimator); a level
+    # not listed runs as profiled
+    latency_scale: Mapping[str, float] = field(default_factory=dict)
     # "period": a control period closed (its arrivals count, predictors observe them); anything else
     # is a re-plan between periods whose arrivals were already counted: "loaded" (a model finished
     # loading, ARGUS §4.6), "replan" (a worker joined or died)
@@ -445,6 +448,9 @@ class Plan:
     # worker id -> the SLO tier whose requests alone it serves (capacity reserved for interactive
     # traffic ahead of standard and batch); a worker not listed serves every tier
     reserved: Mapping[str, str] = field(default_factory=dict)
+    # level id -> measured latency / profiled that the plan was made with (argusdiff.latency); its
+    # routing and admission judge deadlines with the same latencies. Empty: as profiled
+    latency_scale: Mapping[str, float] = field(default_factory=dict)
 
     def pasm_for(self, tier: str | None) -> tuple[tuple[float, ...], ...]:
         """The PASM a request of ``tier`` is routed with."""

@@ -74,7 +74,10 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     parser.add_argument(
         "--faults",
         default=None,
-        help="fault spec: 'gpus:N@START+DUR;cache@START+DUR' or 'argus' (half the GPUs off 40 min twice)",
+        help=(
+            "fault spec: 'gpus:N@START+DUR;slow:NxF@START+DUR;cache@START+DUR' or 'argus' "
+            "(half the GPUs off 40 min twice)"
+        ),
     )
     parser.add_argument(
         "--classifier",

@@ -374,7 +374,8 @@ class Argus(Policy, name="argus", family="ac"):
         if r is None or r.plan is not plan:
             r = self._routing = PlanRouting(plan)
             prof = self.primary if plan.levels == self.primary.ids else (self.fallback or self.primary)
-            self._lat = [prof.level(lv).latency(1) for lv in plan.levels]
+            scale = plan.latency_scale  # measured latencies the plan was made with (argus+; else empty)
+            self._lat = [prof.level(lv).latency(1) * scale.get(lv, 1.0) for lv in plan.levels]
         return r
 
     def predicted_row(self, request: Request, plan: Plan, view: RouteView, r: PlanRouting) -> int:

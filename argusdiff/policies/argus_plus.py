@@ -1,4 +1,4 @@
-"""argus+: ARGUS plus three additions, each switchable for the ablation.
+"""argus+: ARGUS plus four additions, each switchable for the ablation.
 
 * ``admission`` — deadline-aware routing (after TetriServe's "definitely late" test) on the one
   deadline model (:mod:`argusdiff.deadline`): when the PASM's level, on the first of its serving
@@ -10,6 +10,9 @@
 * ``backlog`` — backlog-aware planning: the demand the allocation plans for is the predicted
   arrival rate plus the rate needed to drain, within one period, the requests waiting behind the
   one each worker has in service.
+* ``measured`` — latencies learned online (:mod:`argusdiff.latency`): the plan sizes capacity with
+  each level's measured batch time (the profile as the prior) and publishes it with the plan
+  (``Plan.latency_scale``), which the routing and admission then judge deadlines with.
 * ``switch_aware`` — switch-cost-aware allocation: the allocation keeps the current worker→level
   mapping unless moving workers gains more than 2% expected quality (ARGUS re-solves from scratch:
   0.5% tolerance); this only matters where levels need different models (SM).
@@ -32,6 +35,7 @@ from typing import Any
 
 from argusdiff.deadline import deadline_s, earliest_finish
 from argusdiff.domain import Assignment, ClusterStats, DeadlineVerdict, Plan, Request, Strategy, Timeliness
+from argusdiff.latency import scaled_profile
 from argusdiff.policies.argus import Argus, ArgusOptions
 from argusdiff.policies.base import PolicyError, RouteView, require, select_worker
 from argusdiff.policies.mixed import is_mixed, miss_fallback, needs_cache
@@ -78,6 +82,7 @@ class ArgusPlusOptions(ArgusOptions):
     cascade_tables: Any = None
     first_tier_headroom: float = 2.0
     threshold_points: int | None = 21
+    measured: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -141,7 +146,9 @@ class ArgusPlus(Argus, name="argus+", family="ac"):
 
     def plan(self, stats: ClusterStats) -> Plan:
         if not self.unified:
-            return super().plan(stats)
+            plan = super().plan(stats)
+            scale = self._scale(stats)
+            return dataclasses.replace(plan, latency_scale=scale) if scale else plan
 
         profile = self.profile
         affinity = self.shares_for(profile, stats)
@@ -183,8 +190,13 @@ class ArgusPlus(Argus, name="argus+", family="ac"):
             predicted += queued * 60.0 / self.options.period_s
         return predicted
 
+    def _scale(self, stats: ClusterStats) -> dict[str, float]:
+        """The measured latencies this plan is made with (``measured``; else the profile's)."""
+        return dict(stats.latency_scale) if self.options.measured else {}
+
     def allocate(self, profile, stats: ClusterStats, demand: float, margin: float):
         o = self.options
+        profile = scaled_profile(profile, self._scale(stats))
         levels = profile.levels
         cache_free = None
         if is_mixed(profile) and self.cache_degraded(stats):

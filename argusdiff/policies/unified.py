@@ -31,6 +31,7 @@ import numpy as np
 
 from argusdiff.deadline import deadline_s, earliest_finish
 from argusdiff.domain import Assignment, ClusterStats, DeadlineVerdict, Plan, Profile, Request, Strategy, Timeliness
+from argusdiff.latency import scaled_profile
 from argusdiff.policies.base import RouteView, select_worker
 from cache.policy import k_for_similarity
 from solver.paths import TierSpec, class_quality_model, nitsum_tiers, problem_from_profile, ranked_deferral
@@ -132,8 +133,9 @@ def unified_plan(
         )
     else:
         tier_specs = (TierSpec("standard", 1.0, slo, 1.0, margin),)
+    scale = dict(stats.latency_scale) if o.measured else {}
     problem = problem_from_profile(
-        profile,
+        scaled_profile(profile, scale),
         list(stats.workers),
         demand,
         cascades=specs,
@@ -174,6 +176,7 @@ def unified_plan(
         tier_pasm=tier_pasm,
         cascades=cascades,
         reserved=reserved,
+        latency_scale=scale,
         notes=(*plan.notes, f"unified plan over {len(problem.paths)} paths, {up.solve_s * 1000:.1f} ms"),
     )
     plan.validate()
@@ -265,9 +268,10 @@ class UnifiedRouting:
         for t in {*plan.reserved.values(), *plan.tier_pasm}:
             self.tier_pool[t] = [[w for w in ws if plan.reserved.get(w, t) == t] for ws in self.pool]
         disc = {c.light: c.discriminator_latency_s for c in profile.cascade_specs}
-        self.lat = [lv.latency(1) + disc.get(lv.id, 0.0) for lv in lvls]
+        scale = plan.latency_scale  # the measured latencies the plan was made with (argusdiff.latency)
+        self.lat = [lv.latency(1) * scale.get(lv.id, 1.0) + disc.get(lv.id, 0.0) for lv in lvls]
         self.needs_hit = [lv.strategy is Strategy.AC and lv.skip > 0 for lv in lvls]
-        self.k0 = [profile.ac_base(lv.id).latency(1) for lv in lvls]
+        self.k0 = [profile.ac_base(lv.id).latency(1) * scale.get(profile.ac_base(lv.id).id, 1.0) for lv in lvls]
         self.cum = [np.cumsum(row) for row in plan.pasm]
         self.tier_cum = {t: [np.cumsum(row) for row in rows] for t, rows in plan.tier_pasm.items()}
         # per class: quality of each plan level (the planner's model); ties go to the faster level

@@ -212,6 +212,7 @@ class ControlLoop:
             # the simulator's ClusterStats carries them
             tier_arrivals=mix[0] if mix is not None else {},
             cache_hit_rate=mix[1] if mix is not None else None,
+            latency_scale=self.router.latency.scales(),
         )
         plan = self.policy.plan(stats)
         plan.validate()

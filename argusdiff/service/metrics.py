@@ -34,6 +34,10 @@ class ServiceMetrics:
             registry=r,
         )
         self.queue_depth = Gauge("argusdiff_queue_depth", "Images queued or running per level", ["level"], registry=r)
+        self.level_latency = Gauge(
+            "argusdiff_level_latency_seconds", "One image's execution time per level: profiled and measured",
+            ["level", "source"], registry=r,
+        )  # fmt: skip
         self.queue_depth_tier = Gauge(
             "argusdiff_queue_depth_by_tier", "Images queued or running per level and tier, per control tick",
             ["level", "tier"], registry=r,

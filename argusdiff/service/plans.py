@@ -33,6 +33,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         "tier_pasm": {t: [list(row) for row in rows] for t, rows in plan.tier_pasm.items()},
         "cascades": dict(plan.cascades),
         "reserved": dict(plan.reserved),
+        "latency_scale": dict(plan.latency_scale),
     }
 
 
@@ -62,4 +63,5 @@ def plan_from_dict(data: dict[str, Any]) -> Plan:
         },
         cascades={str(k): str(v) for k, v in (data.get("cascades") or {}).items()},
         reserved={str(k): str(v) for k, v in (data.get("reserved") or {}).items()},
+        latency_scale={str(k): float(v) for k, v in (data.get("latency_scale") or {}).items()},
     )

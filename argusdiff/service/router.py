@@ -25,6 +25,7 @@ from typing import Any
 from argusdiff.admission import Admission, AdmissionConfig, Decision
 from argusdiff.config import ServiceConfig
 from argusdiff.domain import ApproxLevel, Assignment, Plan, Profile, Request, Tier, level_catalogue, tier_rank
+from argusdiff.latency import LatencyEstimator
 from argusdiff.policies.base import FLOOR_UNMET, MODELS_UNSERVED, Policy, RouteView
 from argusdiff.service.errors import ApiError, QueueUnavailable
 from argusdiff.service.explain import explain
@@ -154,6 +155,8 @@ class Router:
         # admission after the policy (argusdiff.admission; the simulator applies the same)
         scale = getattr(config, "stand_in_scale", None) or 1.0
         self.admission = Admission(self._levels, admission or AdmissionConfig(time_scale=scale))
+        # latencies learned online from what the workers report (argusdiff.latency)
+        self.latency = LatencyEstimator()
         self.adapters = (*profile.adapters, *(fallback.adapters if fallback is not None else ()))
         self.limits = Limits.of(
             config,
@@ -257,6 +260,7 @@ class Router:
             sib_load = sum(n for _x, n in siblings)
             each, extra = divmod(load + sib_load, len(ws))
             b = max(1, int(plan.batch_sizes.get(lv, 1)))
+            sc = plan.latency_scale.get(lv, 1.0)  # the measured latencies the plan was made with
             for k, w in enumerate(ws):
                 q = each + (1 if k < extra else 0)
                 ql[w] = q
@@ -267,9 +271,9 @@ class Router:
                     per = (load * level.latency(1) + sum(n * self._levels[x].latency(1) for x, n in siblings)) / (
                         load + sib_load
                     )
-                    bu[w] = now + (q - 0.5) * per if q else now
+                    bu[w] = now + (q - 0.5) * per * sc if q else now
                 else:
-                    bu[w] = now + self._drain_s(level, q, b)
+                    bu[w] = now + self._drain_s(level, q, b) * sc
         return RouteView(
             now_s=now,
             queue_lengths=ql,
@@ -581,6 +585,34 @@ class Router:
             del self._lease_left[gid]
             lease.release_soon()
 
+    def _measure(self, level_id: str, run_s: float) -> None:
+        """One image's reported execution time at ``level_id`` into the latency estimator
+        (:mod:`argusdiff.latency`), against the profile at the workers' speed."""
+        lv = self._levels.get(level_id)
+        if lv is None:
+            return
+        profiled = lv.latency(1) * self.admission.config.time_scale
+        self.latency.observe(level_id, run_s, profiled)
+        self.metrics.level_latency.labels(level_id, "profiled").set(profiled)
+        self.metrics.level_latency.labels(level_id, "measured").set(profiled * self.latency.scale(level_id))
+
+    def latencies(self) -> dict[str, dict[str, float]]:
+        """Per measured level: profiled and measured seconds per image and the batches measured
+        (``GET /v1/plan``'s ``latencies``)."""
+        out = {}
+        for level_id, scale in sorted(self.latency.scales().items()):
+            lv = self._levels.get(level_id)
+            if lv is None:
+                continue
+            profiled = lv.latency(1) * self.admission.config.time_scale
+            out[level_id] = {
+                "profiled_s": profiled,
+                "measured_s": profiled * scale,
+                "scale": scale,
+                "measured": self.latency.count(level_id),
+            }
+        return out
+
     def forget_items(self, request_ids: list[str], outcome: str) -> None:
         """Bookkeeping for accepted items that will never finish (taken out of their queue after the
         client went away, or lost by the queue): no longer in flight, counted as ``outcome``."""
@@ -608,6 +640,8 @@ class Router:
             self.level_load[fl.level] = max(0, self.level_load[fl.level] - 1)
             self.tier_load[fl.level, fl.rank] = max(0, self.tier_load[fl.level, fl.rank] - 1)
             self.metrics.queue_depth.labels(fl.level).set(self.level_load[fl.level])
+            if ok and float(s.get("run_s", 0.0)) > 0:
+                self._measure(level, float(s["run_s"]))
             if not dropped and not cancelled:
                 self.metrics.latency.labels(level).observe(max(0.0, now - fl.arrival_s))
                 if now > fl.deadline_s:

@@ -42,7 +42,11 @@ Virtual clock, deterministic for a seed. The mechanism modelled here:
   queues, loaded models, affinity counts of the predicted optimal levels, cache health seen by
   lookups and probes) and applies ``policy.plan(stats)``.
 * **Faults**: workers off for an interval (their queued and running requests are re-dispatched at
-  the failure time, the model must be reloaded when they return); cache store down.
+  the failure time, the model must be reloaded when they return); workers slower than profiled
+  (every batch they start in the interval takes that many times longer); cache store down.
+* **Measured latencies**: each finished batch's time against the profile goes to a
+  :class:`~argusdiff.latency.LatencyEstimator`, as the service's workers report theirs; each
+  period's ``ClusterStats.latency_scale`` carries the estimate.
 
 Every request's outcome (level, finish time, quality, cache hit, drop) is kept in numpy arrays;
 :mod:`argusdiff.simulator.metrics` turns them into per-minute metrics.
@@ -72,6 +76,7 @@ from argusdiff.domain import (
     tier_rank,
 )
 from argusdiff.errors import ConfigError
+from argusdiff.latency import LatencyEstimator
 from argusdiff.policies.base import Policy, RouteView
 from argusdiff.predictors import arrival_bins, bin_length_s
 from argusdiff.simulator.faults import Fault
@@ -383,6 +388,11 @@ class Simulator:
             pre = np.random.default_rng([cfg.seed, 2]).random(len(wl.prompts)) < cfg.cache_prefill
             self.cached |= pre
         self.cache_down = [(f.start_s, f.end_s) for f in cfg.faults if f.kind == "cache"]
+        # workers slower than the profile (fault "slow"): (start, end, first n workers, factor)
+        self.slow = [(f.start_s, f.end_s, f.count, f.factor) for f in cfg.faults if f.kind == "slow"]
+        # what workers report: each batch's measured time against the profile, once it finished
+        self.latency = LatencyEstimator()
+        self._ran: deque = deque()
         self.now = 0.0
         rng = np.random.default_rng([cfg.seed, 1])
         jit = np.exp(rng.normal(0.0, cfg.jitter, n)) if cfg.jitter > 0 else None
@@ -648,6 +658,7 @@ class Simulator:
             reason=reason,
             tier_arrivals=tier_arrivals,
             cache_hit_rate=hit_rate if self.needs_similarity else None,
+            latency_scale=self._measured(t),
         )
 
     def _apply(self, plan: Plan, t: float, warm: bool) -> None:
@@ -695,6 +706,7 @@ class Simulator:
                 "saturated": plan.saturated,
                 "margin": plan.margin,
                 "thresholds": dict(plan.thresholds),
+                "latency_scale": dict(plan.latency_scale),
                 "notes": list(plan.notes),
             }
         )
@@ -891,7 +903,31 @@ class Simulator:
         if k == len(dq):
             ready = self.resident[w].get(served.model)
             start = max(self.free_at[w], t, ready if ready is not None else t + served.load_time_s)
+        if self.slow:
+            jit *= self._speed(w, start)
         return start + served.latency(1) * jit + extra
+
+    def _speed(self, w: int, t: float) -> float:
+        """How many times slower than profiled worker ``w`` runs a batch that starts at ``t``."""
+        f = 1.0
+        for s, e, n, factor in self.slow:
+            if w < n and s <= t < e:
+                f *= factor
+        return f
+
+    def _measured(self, t: float) -> dict[str, float]:
+        """Feed the batches finished by ``t`` to the latency estimator, as workers report them;
+        the estimate per level (``ClusterStats.latency_scale``)."""
+        ran = self._ran
+        est = self.latency
+        while ran and ran[0].finish <= t:
+            b = ran.popleft()
+            if b.finish <= b.start:  # cut short by a failure: no measurement
+                continue
+            lv = self.levels[b.level]
+            prof = lv.latency(b.size)
+            est.observe(b.level, prof * b.jit, prof)
+        return est.scales()
 
     def _admit(self, i: int, level_id: str, plan: Plan | None, t: float, verdict=None) -> Decision:
         """Admission (argusdiff.admission) of arrival ``i`` routed to ``level_id``: the requests
@@ -1077,10 +1113,13 @@ class Simulator:
         else:
             if k == len(dq):
                 start = max(self.free_at[w], t, ready)
+            if self.slow:
+                jit *= self._speed(w, start)
             finish = start + served.latency(1) * jit + extra
             batch = _Batch(start, finish, 1, served.id, [i], w, jit, extra, rank)
             dq.insert(k, batch)
             self.busy.append(batch)
+            self._ran.append(batch)
             k += 1
         self.qlen[w] += 1
         if k < len(dq):

@@ -40,6 +40,9 @@ async def plan_endpoint(api: Api, request: Request) -> Response:
         "hit_ratio": health.hit_ratio(),
     }
     body["in_flight"] = dict(router.level_load)
+    # profiled and measured seconds per image by level (argusdiff.latency); the plan's
+    # ``latency_scale`` is what it was made with
+    body["latencies"] = router.latencies()
     body["classifier"] = service.classifier_status()
     body["control"] = {
         "period_s": service.control.period_s,

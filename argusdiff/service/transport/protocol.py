@@ -85,6 +85,8 @@ def summarize(result: WorkResult) -> dict[str, Any]:
         "cache_hit": result.cache_hit,
         "lookup_s": float(t.get("cache_lookup_s", 0.0)),
         "fetch_s": float(t.get("latent_fetch_s", 0.0)),
+        # the batch's execution (denoising and decoding): the measured latency the router learns
+        "run_s": float(t.get("denoise_s", 0.0)) + float(t.get("decode_s", 0.0)),
         "finished_s": result.finished_s,
         "handoff": None if result.handoff is None else result.handoff.level,
     }
