@@ -283,6 +283,11 @@ class ServiceConfig(_Section):
     model_name: str = Field(
         "argusdiff", min_length=1, description="model name clients send; the profile name works too"
     )
+    otlp_endpoint: str | None = Field(
+        None,
+        description="OpenTelemetry collector (OTLP/HTTP, e.g. http://otel-collector:4318) that routers and workers "
+        "send their spans to; None: no tracing (needs the `tracing` extra)",
+    )
     control_period_s: float = Field(10.0, gt=0, description="control loop period: plan(), heartbeat check, publish")
     heartbeat_s: float = Field(1.0, gt=0, description="worker heartbeat interval")
     worker_timeout_s: float = Field(

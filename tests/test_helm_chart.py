@@ -51,6 +51,8 @@ VARIANTS: dict[str, dict] = {
         "qdrant": {"enabled": False, "url": "http://qdrant.shared:6333"},
         "s3": {"endpoint": "http://minio.storage:9000", "accessKeyId": "AK", "secretAccessKey": "SK"},
         "existingSecret": "my-argusdiff",
+        "logFormat": "json",
+        "otlpEndpoint": "http://otel-collector.monitoring:4318",
         "redisNamespace": "prod",
         "autoscaling": {"keda": {"trigger": "redis-streams", "redisStreams": {"address": "redis.shared:6379"}}},
     },
@@ -245,6 +247,8 @@ def test_pods_get_a_config_that_loads_and_command_lines_that_parse(variant, tmp_
         except SystemExit as exc:  # pragma: no cover - the message is the point
             pytest.fail(f"{name}: `argusdiff {' '.join(argv)}` does not parse (exit {exc.code})")
         assert args.config == "/etc/argusdiff/argusdiff.toml"
+        assert args.log_format == values.get("logFormat", "text")
+        assert settings.service.otlp_endpoint == (values.get("otlpEndpoint") or None)
         mounts = {m["mountPath"] for m in c["volumeMounts"]}
         assert "/etc/argusdiff" in mounts
         if argv[0] == "worker":

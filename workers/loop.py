@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from argusdiff import tracing
 from workers.adapters import run_batch
 from workers.cancel import CANCELLED, Cancelled, cancelled_result, cancels_from
 from workers.edits import run_with_edits
@@ -245,7 +246,11 @@ class Worker:
             if not items:
                 return 0
         t0 = time.perf_counter()
+        started = time.time()
+        # the log lines about this batch carry its requests' ids (argusdiff.tracing)
+        token = tracing.REQUEST_ID.set(",".join(i.meta.get(tracing.META_REQUEST_ID) or i.request_id for i in items))
         try:
+            log.debug("worker %s: batch of %d at %s", self.worker_id, len(items), level)
             with cancels_from(check):
                 results = run_batch(executor, items, run_with_edits)
             if len(results) != len(items):
@@ -256,11 +261,35 @@ class Worker:
             log.exception("worker %s: batch of %d on %s failed", self.worker_id, len(items), level)
             self.last_error = f"{type(exc).__name__}: {exc}"
             results = [WorkResult.failure(item, exc, worker_id=self.worker_id) for item in items]
+        finally:
+            tracing.REQUEST_ID.reset(token)
         self.stats.busy_s += time.perf_counter() - t0
+        if tracing.enabled():
+            self._trace(items, results, started, time.time())
         self.stats.batches += 1
         for item, result in zip(items, results, strict=True):
             self._publish(item, result)
         return len(items)
+
+    def _trace(self, items: list[WorkItem], results: list[WorkResult], started: float, ended: float) -> None:
+        """One span per item under its request's span: queue wait, then the phases the executor
+        measured (cache lookup with the latent fetch, denoise, decode), laid end to end from the
+        batch's start."""
+        for item, result in zip(items, results, strict=True):
+            t = result.timings
+            phases = [("queue wait", item.enqueue_s or started, started)]
+            at = started
+            for name, dur in (("cache lookup", t.get("cache_lookup_s", 0.0) + t.get("latent_fetch_s", 0.0)),
+                              ("denoise", t.get("denoise_s", 0.0)), ("decode", t.get("decode_s", 0.0))):  # fmt: skip
+                if dur > 0:
+                    phases.append((name, at, at + dur))
+                    at += dur
+            tracing.record_work(
+                item.meta, phases, start_s=item.enqueue_s or started, end_s=ended,
+                **{"argusdiff.level": result.level, "argusdiff.worker": self.worker_id or "",
+                   "argusdiff.cache_hit": result.cache_hit, "argusdiff.k_used": result.k_used,
+                   "argusdiff.error": result.error_type or ""},
+            )  # fmt: skip
 
     def _skip_cancelled(self, items: list[WorkItem], check: Any) -> list[WorkItem]:
         """``items`` without the cancelled ones, whose (imageless) results are published at once."""

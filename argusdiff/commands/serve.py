@@ -35,6 +35,12 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="logging threshold"
     )
+    parser.add_argument(
+        "--log-format",
+        default="text",
+        choices=["text", "json"],
+        help="log lines as text or one JSON object a line; both carry the request id (default: text)",
+    )
     parser.set_defaults(run=run)
 
 
@@ -93,14 +99,33 @@ def _config_sets_profile(path: str | None) -> bool:
         return "profile" in tomllib.load(fh)
 
 
+def start_tracing(settings: Any, service_name: str) -> None:
+    """OpenTelemetry spans to ``[service] otlp_endpoint`` when it is set (exit 2 without the extra)."""
+    endpoint = settings.service.otlp_endpoint
+    if not endpoint:
+        return
+    from argusdiff import tracing
+    from argusdiff.errors import ConfigError
+
+    try:
+        tracing.configure(endpoint, service_name=service_name)
+    except ImportError as exc:
+        raise ConfigError(
+            f"[service] otlp_endpoint is set but OpenTelemetry is not installed ({exc}): "
+            "pip install 'argusdiff[tracing]'"
+        ) from exc
+
+
 def run(args: argparse.Namespace) -> int:
     import logging
 
+    from argusdiff import tracing
     from argusdiff.service.api import make_server
     from argusdiff.service.app import Service
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    tracing.configure_logging(args.log_level, args.log_format)
     settings = settings_from_args(args)
+    start_tracing(settings, "argusdiff-router")
     cfg = settings.service
     if cfg.redis_url:  # exit 2 naming --redis, as worker and status do (not a traceback at start)
         from argusdiff.commands.worker import check_redis

@@ -28,6 +28,12 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="logging threshold"
     )
+    parser.add_argument(
+        "--log-format",
+        default="text",
+        choices=["text", "json"],
+        help="log lines as text or one JSON object a line; both carry the request id (default: text)",
+    )
     parser.set_defaults(run=run)
 
 
@@ -86,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
     import socket
     import time
 
+    from argusdiff import tracing
+    from argusdiff.commands.serve import start_tracing
     from argusdiff.errors import ConfigError
     from argusdiff.profile import load_profile
     from argusdiff.service.caches import build_cache
@@ -95,9 +103,10 @@ def run(args: argparse.Namespace) -> int:
     from argusdiff.service.worker import ServiceWorker
     from workers.executor import ExecutorFactory
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    tracing.configure_logging(args.log_level, args.log_format)
     log = logging.getLogger("argusdiff.worker")
     settings = _settings(args)
+    start_tracing(settings, "argusdiff-worker")
     cfg = settings.service
     gpu = "cpu" if args.gpu is None else f"gpu{args.gpu}"
     worker_id = args.worker_id or f"{socket.gethostname()}-{gpu}-{os.getpid()}"

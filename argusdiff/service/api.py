@@ -29,6 +29,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from argusdiff import tracing
 from argusdiff.service.app import Service
 from argusdiff.service.errors import error_body
 from argusdiff.service.handlers import edits, generations, health, results, status
@@ -83,11 +84,43 @@ def create_app(service: Service, *, manage_lifecycle: bool = True) -> Starlette:
         *status.routes(api),
         *health.routes(api),
     ]
-    return Starlette(
+    return _App(
         routes=routes,
         exception_handlers={HTTPException: http_error, Exception: internal_error},
         lifespan=lifespan,
     )
+
+
+class _App(Starlette):
+    """The app, with each HTTP request's ``X-Request-Id`` (the client's, or a new one) answered on
+    every response, errors and streams included, and held in :data:`argusdiff.tracing.REQUEST_ID`
+    while the request is handled; with tracing on, the request's span (continuing the client's
+    ``traceparent``)."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await super().__call__(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or ())
+        rid = tracing.request_id_from(headers.get(b"x-request-id", b"").decode("latin-1"))
+        raw_id = rid.encode("latin-1")
+
+        async def send_with_id(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), (b"x-request-id", raw_id)]}
+            await send(message)
+
+        token = tracing.REQUEST_ID.set(rid)
+        try:
+            if tracing.enabled():
+                parent = headers.get(b"traceparent", b"").decode("latin-1") or None
+                name = f"{scope.get('method', 'GET')} {scope.get('path', '')}"
+                with tracing.server_span(parent, name, **{"http.request_id": rid}):
+                    await super().__call__(scope, receive, send_with_id)
+            else:
+                await super().__call__(scope, receive, send_with_id)
+        finally:
+            tracing.REQUEST_ID.reset(token)
 
 
 def make_server(service: Service, *, host: str, port: int, log_level: str = "info", **options: Any) -> Any:

@@ -22,6 +22,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, replace
 from typing import Any
 
+from argusdiff import tracing
 from argusdiff.admission import Admission, AdmissionConfig, Decision
 from argusdiff.config import ServiceConfig
 from argusdiff.domain import ApproxLevel, Assignment, Plan, Profile, Request, Tier, level_catalogue, tier_rank
@@ -432,7 +433,8 @@ class Router:
         slo = self.slo_for(spec)
         gid = f"gen-{secrets.token_hex(12)}"  # 96 random bits
         rank = tier_rank(spec.tier)
-        optimal, similarity, embedding = await self._read_prompt(spec.prompt)
+        with tracing.span("classification", **{"argusdiff.generation": gid}):
+            optimal, similarity, embedding = await self._read_prompt(spec.prompt)
         models = None
         if spec.lora is not None:  # the adapter's models only; their latents are its own (no similarity view)
             models = frozenset(a.model for a in self.adapters if a.name == spec.lora)
@@ -441,6 +443,7 @@ class Router:
         items: list[WorkItem] = []
         levels: list[str] = []
         why: list[str] = []
+        correlation = tracing.item_meta()  # the request id and traceparent ride to the worker
         for i in range(spec.n):
             rid = f"{gid}-{i}"
             seed = None if spec.seed is None else (spec.seed + i) % (2**32)
@@ -454,7 +457,8 @@ class Router:
                 seed=seed,
                 models=models,
             )
-            assignment = self.policy.decide(request, plan, self.view(now, plan, optimal, slo, similarity))
+            with tracing.span("route", **{"argusdiff.optimal_level": optimal or ""}):
+                assignment = self.policy.decide(request, plan, self.view(now, plan, optimal, slo, similarity))
             if assignment.dropped or assignment.level is None:
                 if assignment.reason == MODELS_UNSERVED:
                     self.metrics.requests.labels("none", "rejected").inc(spec.n)
@@ -480,12 +484,13 @@ class Router:
                 why = assignment.reason or "dropped by the policy"
                 raise self._refuse(spec, why, "policy", self.config.retry_after_s, now, optimal)
             level = assignment.level
-            decision = self._admit(level, plan, now, slo, rank, assignment.verdict)
+            with tracing.span("admission", **{"argusdiff.level": level}):
+                decision = self._admit(level, plan, now, slo, rank, assignment.verdict)
             if not decision.admitted:
                 why = f"{decision.reason} at {level}"
                 retry = self._retry_slot(level, plan, decision.retry_after_s, now, spec.n)
                 raise self._refuse(spec, why, decision.reason, retry, now, optimal)
-            meta = {"tier": spec.tier.value, "group": gid, "size": spec.size, **spec.item_meta()}
+            meta = {"tier": spec.tier.value, "group": gid, "size": spec.size, **spec.item_meta(), **correlation}
             if optimal is not None:
                 meta["optimal_level"] = optimal
             if similarity is not None:
@@ -550,6 +555,7 @@ class Router:
             self.metrics.queue_depth.labels(lv).set(self.level_load[lv])
         if optimal is not None:
             self.affinity[optimal] += spec.n
+        log.debug("accepted %s: %d image(s) at %s", gid, spec.n, ",".join(levels))
         per_image = (time.perf_counter() - t0) / spec.n
         for _ in range(spec.n):
             self.metrics.overhead.observe(per_image)

@@ -67,6 +67,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - name: AWS_SECRET_ACCESS_KEY
   valueFrom:
     secretKeyRef: {name: {{ include "argusdiff.secretName" . }}, key: s3-secret-access-key, optional: true}
+{{- with .Values.otlpEndpoint }}
+- name: ARGUSDIFF_SERVICE__OTLP_ENDPOINT
+  value: {{ . | quote }}
+{{- end }}
 - name: HF_HUB_OFFLINE
   value: "1"
 {{- end -}}
