@@ -99,23 +99,6 @@ def _config_sets_profile(path: str | None) -> bool:
         return "profile" in tomllib.load(fh)
 
 
-def start_tracing(settings: Any, service_name: str) -> None:
-    """OpenTelemetry spans to ``[service] otlp_endpoint`` when it is set (exit 2 without the extra)."""
-    endpoint = settings.service.otlp_endpoint
-    if not endpoint:
-        return
-    from argusdiff import tracing
-    from argusdiff.errors import ConfigError
-
-    try:
-        tracing.configure(endpoint, service_name=service_name)
-    except ImportError as exc:
-        raise ConfigError(
-            f"[service] otlp_endpoint is set but OpenTelemetry is not installed ({exc}): "
-            "pip install 'argusdiff[tracing]'"
-        ) from exc
-
-
 def run(args: argparse.Namespace) -> int:
     import logging
 
@@ -125,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
 
     tracing.configure_logging(args.log_level, args.log_format)
     settings = settings_from_args(args)
+    from argusdiff.commands.worker import start_tracing
+
     start_tracing(settings, "argusdiff-router")
     cfg = settings.service
     if cfg.redis_url:  # exit 2 naming --redis, as worker and status do (not a traceback at start)

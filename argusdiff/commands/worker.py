@@ -85,6 +85,23 @@ def _without_password(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")))
 
 
+def start_tracing(settings: Any, service_name: str) -> None:
+    """OpenTelemetry spans to ``[service] otlp_endpoint`` when it is set (exit 2 without the extra)."""
+    endpoint = settings.service.otlp_endpoint
+    if not endpoint:
+        return
+    from argusdiff import tracing
+    from argusdiff.errors import ConfigError
+
+    try:
+        tracing.configure(endpoint, service_name=service_name)
+    except ImportError as exc:
+        raise ConfigError(
+            f"[service] otlp_endpoint is set but OpenTelemetry is not installed ({exc}): "
+            "pip install 'argusdiff[tracing]'"
+        ) from exc
+
+
 def run(args: argparse.Namespace) -> int:
     import logging
     import os
@@ -93,7 +110,6 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     from argusdiff import tracing
-    from argusdiff.commands.serve import start_tracing
     from argusdiff.errors import ConfigError
     from argusdiff.profile import load_profile
     from argusdiff.service.caches import build_cache
