@@ -55,11 +55,15 @@ def _settings(args: argparse.Namespace) -> Any:
 
 
 def check_redis(url: str, timeout_s: float = 3.0) -> None:
-    """Fail at once (exit 2, naming ``--redis``) when ``url`` is malformed or Redis does not answer,
-    instead of waiting ``--wait-s`` for a deployment that cannot arrive."""
+    """Fail at once (exit 2, naming ``--redis``) when ``url`` is malformed, Redis does not answer or
+    its topology is unsupported (a cluster node, a replica), instead of waiting ``--wait-s`` for a
+    deployment that cannot arrive; log the topology's risks (replicas, no AOF, eviction)."""
+    import logging
+
     import redis
 
     from argusdiff.errors import ConfigError
+    from argusdiff.service.transport.redis_topology import inspect_topology
 
     shown = _without_password(url)
     try:
@@ -68,10 +72,15 @@ def check_redis(url: str, timeout_s: float = 3.0) -> None:
         raise ConfigError(f"--redis: {shown!r} is not a Redis URL ({exc})") from None
     try:
         client.ping()
+        errors, warnings = inspect_topology(client, shown)
     except (redis.RedisError, OSError) as exc:
         raise ConfigError(f"--redis: Redis at {shown} is unreachable: {exc}") from None
     finally:
         client.close()
+    if errors:
+        raise ConfigError("--redis: " + "; ".join(errors))
+    for warning in warnings:
+        logging.getLogger("argusdiff.redis").warning("%s", warning)
 
 
 def _without_password(url: str) -> str:

@@ -93,11 +93,16 @@ class ControlLoop:
         if prev is not None:
             self._version = max(self._version, prev.version)
 
+    def fence(self) -> tuple[str, str] | None:
+        """What the queue's side effects of this loop are fenced by: (lease key, holder) for a
+        leader among many routers; None for the only one (embedded)."""
+        return None
+
     def _requeue_dead(self, dead: set[str]) -> int:
         moved = 0
         for w in sorted(dead):
             for lv in self.level_ids:
-                moved += int(self.queue.requeue_consumer(lv, w) or 0)
+                moved += int(self.queue.requeue_consumer(lv, w, fence=self.fence()) or 0)
                 self.queue.drop_consumer(lv, w)  # its consumer goes with it (nothing pending now)
             self.store.forget_worker(w)
             log.warning("worker %s stopped heartbeating: removed from the plan", w)

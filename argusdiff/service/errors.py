@@ -4,11 +4,16 @@ from __future__ import annotations
 
 from argusdiff.errors import ArgusdiffError
 
-__all__ = ["ApiError", "QueueUnavailable", "ShuttingDown", "WorkLost", "error_body"]
+__all__ = ["ApiError", "FencedOut", "QueueUnavailable", "ShuttingDown", "WorkLost", "error_body"]
 
 
 class QueueUnavailable(ArgusdiffError):
     """The work queue (Redis) cannot be reached; the request was NOT accepted."""
+
+
+class FencedOut(QueueUnavailable):
+    """A leader's side effect (re-queueing a dead worker's items) was refused: the lease it was
+    made under is no longer held by this router. Nothing was changed."""
 
 
 class WorkLost(ArgusdiffError):

@@ -41,6 +41,7 @@ from argusdiff.domain import Plan
 from argusdiff.errors import ArgusdiffError
 from argusdiff.service.cluster import ClusterBus, ClusterRouterView, parse_holder
 from argusdiff.service.control import ControlLoop
+from argusdiff.service.errors import FencedOut
 from argusdiff.service.plans import plan_to_dict
 from argusdiff.service.transport.redis_control import worker_view
 from argusdiff.service.transport.redis_streams import RedisKeys
@@ -261,6 +262,24 @@ class ClusterControlLoop(ControlLoop):
     def leading(self) -> bool:
         return self.role == "leader"
 
+    def fence(self) -> tuple[str, str] | None:
+        """The lease this leader's queue side effects run under (``router|token``); a router that
+        holds none is refused them (:class:`StaleLeader`)."""
+        if self.lease is None:
+            return None
+        token = self.lease.token
+        if token is None:
+            raise StaleLeader("not the leader: dead workers' items are not re-queued")
+        return self.lease.keys.leader, f"{self.lease.router_id}|{token}"
+
+    def _requeue_dead(self, dead: set[str]) -> int:
+        try:
+            return super()._requeue_dead(dead)
+        except FencedOut as exc:
+            if self.lease is not None:
+                self.lease.lost()
+            raise StaleLeader(str(exc)) from exc
+
     def _take_over(self) -> None:
         """Continue from the published plan and policy state (runs in a thread)."""
         from argusdiff.policies.state import import_state
@@ -298,7 +317,7 @@ class ClusterControlLoop(ControlLoop):
             for consumer, n in holders.items():
                 rid = consumer.removeprefix("control-")
                 if n and consumer.startswith("control-") and rid != self.router_id and rid not in alive:
-                    moved = int(self.queue.requeue_consumer(lv, consumer) or 0)
+                    moved = int(self.queue.requeue_consumer(lv, consumer, fence=self.fence()) or 0)
                     self.requeued += moved
                     log.warning("re-queued %d items of %s taken by dead router %s", moved, lv, rid)
 

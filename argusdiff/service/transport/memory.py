@@ -237,7 +237,7 @@ class LocalWorkQueue(InProcessQueue):
     def pending_by_consumer(self, level_id: str) -> dict[str, int]:
         return {}
 
-    def requeue_consumer(self, level_id: str, consumer: str) -> int:
+    def requeue_consumer(self, level_id: str, consumer: str, fence: tuple[str, str] | None = None) -> int:
         return 0
 
     def drop_consumer(self, level_id: str, consumer: str) -> None:

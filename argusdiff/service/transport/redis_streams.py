@@ -44,7 +44,7 @@ from redis.exceptions import RedisError, ResponseError
 from redis.retry import Retry as SyncRetry
 
 from argusdiff.domain import TIER_PRIORITY, Tier, tier_rank
-from argusdiff.service.errors import QueueUnavailable
+from argusdiff.service.errors import FencedOut, QueueUnavailable
 from argusdiff.service.transport.protocol import summarize, wait_result
 from workers.messages import WorkItem, WorkResult
 
@@ -177,6 +177,28 @@ return out
 #: How long a Redis clock reading stays good for enqueue deadlines (s): clocks drift apart slowly.
 CLOCK_READING_S = 5.0
 
+#: Re-queue entries pending at a dead consumer, fenced: only while KEYS[2] (the leader lease) holds
+#: ARGV[3] ('' : no fence), and only the entries still pending at that consumer (a worker's
+#: XAUTOCLAIM may have taken one meanwhile). KEYS[1]: the stream; ARGV[1] group, ARGV[2] consumer,
+#: then (entry id, the copy's item JSON, '' for a deleted entry: acked only) pairs. Returns the
+#: number of copies queued, or -1 when the fence refused.
+_REQUEUE = """
+if ARGV[3] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[3] then return -1 end
+local moved = 0
+for i = 4, #ARGV, 2 do
+  local held = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1, ARGV[2])
+  if #held > 0 then
+    if ARGV[i + 1] ~= '' then
+      redis.call('XADD', KEYS[1], '*', 'item', ARGV[i + 1])
+      moved = moved + 1
+    end
+    redis.call('XACK', KEYS[1], ARGV[1], ARGV[i])
+    redis.call('XDEL', KEYS[1], ARGV[i])
+  end
+end
+return moved
+"""
+
 #: Delete a stream entry only if no consumer has it pending (no worker took it): 1 when deleted.
 _CANCEL_QUEUED = """
 local pending = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
@@ -260,6 +282,7 @@ class RedisWorkQueue:
         self.claim_idle_ms = int(claim_idle_s * 1000)
         self._groups: set[str] = set()
         self._last_autoclaim: dict[str, float] = {}
+        self._requeue_script = self.r.register_script(_REQUEUE)
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -470,9 +493,13 @@ class RedisWorkQueue:
 
         return self._call(_p)
 
-    def requeue_consumer(self, level_id: str, consumer: str) -> int:
+    def requeue_consumer(self, level_id: str, consumer: str, fence: tuple[str, str] | None = None) -> int:
         """Re-queue every entry pending at ``consumer`` (a dead worker): a fresh copy any worker can
-        read, the old delivery acked. Returns the number re-queued."""
+        read, the old delivery acked. Returns the number re-queued.
+
+        ``fence`` = (lease key, holder): each step runs only while the lease key holds that value
+        (the leader's ``router|token``), so a stale leader and the new one never both re-queue an
+        item; a refused step raises :class:`~argusdiff.service.errors.FencedOut`."""
 
         def _requeue():
             moved = 0
@@ -482,22 +509,28 @@ class RedisWorkQueue:
 
         def _requeue_stream(stream: str) -> int:
             moved = 0
+            seen: set[str] = set()
             while True:
                 rows = self.r.xpending_range(stream, self.keys.group, "-", "+", 100, consumername=consumer)
-                if not rows:
+                ids = [decode(r["message_id"]) for r in rows if decode(r["message_id"]) not in seen]
+                if not ids:
                     return moved
-                ids = [r["message_id"] for r in rows]
-                claimed = self.r.xclaim(stream, self.keys.group, self.consumer, min_idle_time=0, message_ids=ids)
-                pipe = self.r.pipeline(transaction=True)
-                for entry_id, fields in claimed:
-                    if fields:
-                        item = _item_from_entry(level_id, entry_id, fields)
-                        back = replace(item, attempt=item.attempt + 1, receipt=None)
-                        pipe.xadd(stream, {"item": json.dumps(back.to_dict())})
-                        moved += 1
-                pipe.xack(stream, self.keys.group, *ids)
-                pipe.xdel(stream, *ids)
-                pipe.execute()
+                seen.update(ids)
+                pipe = self.r.pipeline(transaction=False)
+                for entry_id in ids:
+                    pipe.xrange(stream, min=entry_id, max=entry_id, count=1)
+                args: list[Any] = [self.keys.group, consumer, fence[1] if fence else ""]
+                for entry_id, found in zip(ids, pipe.execute(), strict=True):
+                    copy = ""
+                    if found and found[0][1]:
+                        item = _item_from_entry(level_id, entry_id, found[0][1])
+                        copy = json.dumps(replace(item, attempt=item.attempt + 1, receipt=None).to_dict())
+                    args += [entry_id, copy]
+                lease = fence[0] if fence else stream
+                res = int(self._requeue_script(keys=[stream, lease], args=args))
+                if res < 0:
+                    raise FencedOut(f"re-queue of {consumer}'s items refused: the lease is no longer {fence[1]!r}")
+                moved += res
 
         return self._call(_requeue)
 
