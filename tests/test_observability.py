@@ -131,7 +131,8 @@ def test_dashboard_has_the_rows_and_a_sound_layout():
     for needle in ('status="499"', "argusdiff_refused_total", "argusdiff_slo_seconds", "argusdiff_capacity_qpm",
                    "argusdiff_desired_workers", "argusdiff_workers_up", "argusdiff_queue_backlog",
                    "argusdiff_queue_depth_by_tier", "argusdiff_cache_hit_ratio", "argusdiff_strategy",
-                   "argusdiff_leader_token", "argusdiff_plan_version", "argusdiff_plan_changes_total"):  # fmt: skip
+                   "argusdiff_leader_token", "argusdiff_plan_version", "argusdiff_plan_changes_total",
+                   "argusdiff_level_latency_seconds"):  # fmt: skip
         assert needle in exprs, needle
 
 
