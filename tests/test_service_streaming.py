@@ -186,3 +186,22 @@ def test_url_images_in_a_private_s3_store_are_served_by_the_router(live_service,
     assert url.startswith(f"{server.url}/v1/images/gen-") and url.endswith(".webp")
     img = httpx.get(url)
     assert img.status_code == 200 and img.headers["content-type"] == "image/webp" and img.content[8:12] == b"WEBP"
+
+
+def test_step_events_go_only_to_the_router_that_streams(redis_server, live_service, worker_procs):
+    import redis
+
+    server = live_service(service_settings(redis_url=redis_server.url, workers=0), ready=False)
+    worker_procs(redis_server.url, "w1", scale=0.002)
+    assert wait_until(lambda: server.service.serving, 30)
+    listener = redis.Redis.from_url(redis_server.url).pubsub(ignore_subscribe_messages=True)
+    listener.psubscribe("argusdiff:events*")  # the shared channel and every router's
+    assert wait_until(lambda: listener.get_message(timeout=0.1) is None and listener.subscribed, 10)
+    events = _collect(_client(server).images.generate(prompt="a harbour", stream=True, partial_images=2))
+    assert len(events["image_generation.partial_image"]) == 2
+    channels: dict[str, int] = {}
+    while (msg := listener.get_message(timeout=1.0)) is not None:
+        channels[msg["channel"].decode()] = channels.get(msg["channel"].decode(), 0) + 1
+    listener.close()
+    mine = server.service.dispatch.aio.events_channel
+    assert set(channels) == {mine} and channels[mine] >= 2 + len(events["argusdiff.progress"])

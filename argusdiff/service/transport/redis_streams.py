@@ -17,7 +17,9 @@ Layout under a namespace ``ns`` (default ``argusdiff``):
   ``ns:handoff:<request id>`` first asks its policy what follows);
 * ``ns:req:<request id>`` — accepted requests, so a restarted router can still answer polls (and a
   vanished one tells a waiting router that Redis lost the work);
-* ``ns:events`` — pub/sub channel of step events (progress, partial images) of streamed items.
+* ``ns:events:<router>`` — pub/sub channel of step events (progress, partial images) of the streamed
+  items one router accepted (named in the item's ``meta["events"]``); ``ns:events`` for items that
+  name none (workers and routers of an earlier version).
 
 :class:`RedisWorkQueue` is the synchronous side (workers, control loop, tools);
 :class:`AsyncRedisDispatch` the router's asyncio side. The plan, the deployment and the workers'
@@ -30,6 +32,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import secrets
 import time
 from collections.abc import Iterable
 from dataclasses import replace
@@ -67,7 +70,7 @@ class RedisKeys:
         self.plan_channel = f"{namespace}:plan-changed"
         self.workers = f"{namespace}:workers"
         self.deployment = f"{namespace}:deployment"
-        self.events = f"{namespace}:events"
+        self.events = f"{namespace}:events"  # workers that name no router's channel publish here
         # many routers (argusdiff.service.leader): the lease, its fencing tokens, the plan's version,
         # the policy state published with it and the log of plan writes
         self.leader = f"{namespace}:leader"
@@ -109,6 +112,12 @@ class RedisKeys:
 
     def result(self, request_id: str) -> str:
         return f"{self.ns}:result:{request_id}"
+
+    def events_of(self, router: str) -> str:
+        """The step-event channel of one router: a worker publishes a streamed item's events on the
+        channel of the router that accepted it (``meta["events"]``), so no router receives the
+        events of every stream."""
+        return f"{self.ns}:events:{router}"
 
     def heartbeat(self, worker_id: str) -> str:
         return f"{self.ns}:hb:{worker_id}"
@@ -283,6 +292,7 @@ class RedisWorkQueue:
         self._groups: set[str] = set()
         self._last_autoclaim: dict[str, float] = {}
         self._requeue_script = self.r.register_script(_REQUEUE)
+        self._reply_to: dict[str, str] = {}  # request id -> its router's event channel (items taken)
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -369,7 +379,12 @@ class RedisWorkQueue:
                 self._give_back(extra, attempt=extra.attempt)
             return got[0]
 
-        return self._call(_get)
+        item = self._call(_get)
+        if item is not None and item.meta.get("events"):
+            if len(self._reply_to) > 4096:  # items that never finished here
+                self._reply_to.clear()
+            self._reply_to[item.request_id] = str(item.meta["events"])
+        return item
 
     def _receipt(self, item: WorkItem) -> tuple[str, str] | None:
         if not item.receipt or "|" not in item.receipt:
@@ -378,6 +393,7 @@ class RedisWorkQueue:
         return self.keys.stream(level_id, item.tier), entry_id
 
     def ack(self, item: WorkItem) -> None:
+        self._reply_to.pop(item.request_id, None)
         rec = self._receipt(item)
         if rec is None:
             return
@@ -444,8 +460,10 @@ class RedisWorkQueue:
         return gone
 
     def publish_event(self, request_id: str, event: dict[str, Any]) -> None:
-        """A step event of a streamed item, for the router that streams it (best effort)."""
-        self._call(self.r.publish, self.keys.events, event_to_json(request_id, event))
+        """A step event of a streamed item, for the router that streams it (best effort): on that
+        router's channel when the item named one, else on the shared ``ns:events``."""
+        channel = self._reply_to.get(request_id, self.keys.events)
+        self._call(self.r.publish, channel, event_to_json(request_id, event))
 
     def fetch_result(self, request_id: str) -> WorkResult | None:
         raw = self._call(self.r.get, self.keys.result(request_id))
@@ -603,6 +621,8 @@ class AsyncRedisDispatch:
         # pub/sub waits as long as no event comes (a restart ends it with a connection error)
         self.events_r = aioredis.Redis.from_url(url, socket_timeout=None, socket_connect_timeout=socket_timeout_s)
         self.keys = RedisKeys(namespace)
+        #: this router's step-event channel, named in the streamed items it queues
+        self.events_channel = self.keys.events_of(secrets.token_hex(8))
         self._groups: set[str] = set()
         self._enqueue = self.r.register_script(_ENQUEUE)
         self._clock: tuple[float, float] | None = None  # (Redis's clock in ms, time.monotonic() when read)
@@ -674,7 +694,7 @@ class AsyncRedisDispatch:
                     args[1] = 2
                     args[4:7] = [guard.reservation, guard.accepted(rid), max(1, int(guard.ttl_s * 1000))]
             keys.extend(self.keys.stream(item.level, item.tier) for item in items)
-            args.extend(json.dumps(item.to_dict()) for item in items)
+            args.extend(json.dumps(self._reply_here(item).to_dict()) for item in items)
             reply = await self._enqueue(keys=keys, args=args)
         except ResponseError as exc:
             if "NOGROUP" in str(exc):
@@ -695,6 +715,13 @@ class AsyncRedisDispatch:
             raise IdempotencyConflict("the idempotency key's reservation is no longer ours")
         self._clock = None
         raise QueueUnavailable("redis read the enqueue too late; it was not run")
+
+    def _reply_here(self, item: WorkItem) -> WorkItem:
+        """A streamed item names this router's event channel, unless it names one already (a
+        cascade hand-off another router re-queues keeps the accepting router's)."""
+        if not item.meta.get("stream") or item.meta.get("events"):
+            return item
+        return replace(item, meta={**item.meta, "events": self.events_channel})
 
     async def _do(self, coro):
         try:
@@ -790,7 +817,8 @@ class AsyncRedisDispatch:
         """Step events of streamed items: ``(request id, event)`` while subscribed."""
         pubsub = self.events_r.pubsub(ignore_subscribe_messages=True)
         try:
-            await pubsub.subscribe(self.keys.events)
+            # its own channel, and the shared one that workers of an earlier version publish on
+            await pubsub.subscribe(self.events_channel, self.keys.events)
             async for msg in pubsub.listen():
                 if msg.get("type") == "message":
                     try:
