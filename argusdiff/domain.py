@@ -15,8 +15,10 @@ import enum
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 __all__ = [
+    "FEATURE_CACHE_METHODS",
     "TIER_PRIORITY",
     "AdapterSpec",
     "ApproxLevel",
@@ -68,6 +70,17 @@ def tier_rank(tier: str | None) -> int:
     return rank if rank is not None else _TIER_RANK[Tier.STANDARD.value]
 
 
+#: Feature caches a level may name (``feature_cache.method``) and the diffusers config class each
+#: stands for (``diffusers.hooks``; applied with the denoiser's ``enable_cache``).
+FEATURE_CACHE_METHODS = {
+    "first_block": "FirstBlockCacheConfig",
+    "faster": "FasterCacheConfig",
+    "mag": "MagCacheConfig",
+    "taylorseer": "TaylorSeerCacheConfig",
+    "pyramid_attention_broadcast": "PyramidAttentionBroadcastConfig",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class ApproxLevel:
     """One approximation level v_i of a deployment (ARGUS §4.2).
@@ -88,6 +101,9 @@ class ApproxLevel:
     description: str = ""
     memory_gb: float | None = None  # GPU memory the level's model holds while loaded
     estimated: tuple[str, ...] = ()  # fields whose value is an estimate, not from the profile's sources
+    # a feature cache the level's runs apply to the loaded model's denoiser ({"method": ..., params});
+    # None: none. Such a level is an AC level with K = 0: switching to it loads nothing.
+    feature_cache: Mapping[str, Any] | None = None
 
     @property
     def batch_sizes(self) -> tuple[int, ...]:
@@ -130,7 +146,8 @@ class ApproxLevel:
     def shares_worker_with(self, other: ApproxLevel) -> bool:
         """Whether a worker loaded for this level can serve ``other`` without a model switch:
         both approximate-caching levels of the same model and N (they differ only in the K a
-        request resumes at, a per-request choice)."""
+        request resumes at, a per-request choice, or in the feature cache a batch runs with, a hook
+        applied to the loaded model)."""
         return (
             self.strategy is Strategy.AC
             and other.strategy is Strategy.AC
@@ -262,7 +279,10 @@ class Profile:
         lv = self.level(level_id)
         if lv.strategy is not Strategy.AC:
             return lv
-        return min((x for x in self.levels if x.model == lv.model and x.strategy is Strategy.AC), key=lambda x: x.skip)
+        return min(
+            (x for x in self.levels if x.model == lv.model and x.strategy is Strategy.AC),
+            key=lambda x: (x.skip, x.feature_cache is not None),  # the plain full run before a feature cache
+        )
 
     @property
     def best(self) -> ApproxLevel:

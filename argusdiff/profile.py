@@ -14,6 +14,11 @@ Validation rules (each failure names the file, the level and the field):
 * ``quality`` is in (0, 1]; ``load_time_s`` ≥ 0; ``memory_gb`` (optional) > 0;
 * ``estimated`` lists the level's fields whose values are estimates rather than from the profile's
   ``[sources]`` (a table naming, per field, the one source its values come from);
+* ``feature_cache`` (optional) names a diffusers feature cache the level's runs apply to its
+  model's denoiser: ``{ method = "first_block", threshold = 0.08 }`` (methods:
+  :data:`FEATURE_CACHE_METHODS`; the other keys are the method's config fields, numbers, strings,
+  booleans or lists of them, checked by the worker when it builds the config). Only on an ``ac``
+  level with K = 0: it shares the worker of the model's other AC levels (no load to switch);
 * ``gpu_memory_gb`` (optional) > 0, and every level's model fits in it;
 * the levels are monotone: peak throughput never decreases and quality never increases from
   one level to the next (ARGUS orders v1..vn slowest/best first; ODA relies on it);
@@ -39,10 +44,11 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from argusdiff.domain import AdapterSpec, ApproxLevel, CascadeSpec, Profile, Strategy
+from argusdiff.domain import FEATURE_CACHE_METHODS, AdapterSpec, ApproxLevel, CascadeSpec, Profile, Strategy
 from argusdiff.errors import ProfileError
 
 __all__ = [
+    "FEATURE_CACHE_METHODS",
     "PROFILE_DIR",
     "SOURCED_FIELDS",
     "ProfileError",
@@ -68,6 +74,7 @@ _LEVEL_FIELDS = {
     "description",
     "memory_gb",
     "estimated",
+    "feature_cache",
 }
 #: level fields a profile may state a source for, or mark as estimated
 SOURCED_FIELDS = ("latency_s", "quality", "load_time_s", "memory_gb")
@@ -217,6 +224,7 @@ def _parse_level(where: str, raw: Any) -> ApproxLevel:
     bad = [x for x in estimated if x not in SOURCED_FIELDS]
     if bad:
         raise ProfileError(f"{where}: field 'estimated' names unknown field(s) {', '.join(bad)}")
+    feature_cache = _parse_feature_cache(where, raw.get("feature_cache"), strategy, skip)
     return ApproxLevel(
         id=level_id,
         strategy=strategy,
@@ -230,7 +238,36 @@ def _parse_level(where: str, raw: Any) -> ApproxLevel:
         description=description,
         memory_gb=None if memory is None else float(memory),
         estimated=tuple(estimated),
+        feature_cache=feature_cache,
     )
+
+
+def _scalar(value: Any) -> bool:
+    return isinstance(value, bool | int | float | str) and not (isinstance(value, float) and not math.isfinite(value))
+
+
+def _parse_feature_cache(where: str, raw: Any, strategy: Strategy, skip: int) -> dict[str, Any] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ProfileError(f"{where}: field 'feature_cache' must be a table such as {{ method = \"first_block\" }}")
+    method = raw.get("method")
+    if method not in FEATURE_CACHE_METHODS:
+        raise ProfileError(
+            f"{where}: field 'feature_cache.method' must be one of {', '.join(FEATURE_CACHE_METHODS)}, got {method!r}"
+        )
+    for key, value in raw.items():
+        ok = _scalar(value) or (isinstance(value, list) and all(_scalar(v) for v in value))
+        if not ok:
+            raise ProfileError(
+                f"{where}: field 'feature_cache.{key}' must be a number, string, boolean or list of them"
+            )
+    if strategy is not Strategy.AC or skip:
+        raise ProfileError(
+            f"{where}: field 'feature_cache' needs strategy 'ac' with K = 0 (a feature-cache level runs all N "
+            "steps of its model, which it shares with the model's other AC levels)"
+        )
+    return dict(raw)
 
 
 def _parse_cascade(where: str, raw: Any, levels: dict[str, ApproxLevel], *, entry: int | None = None) -> CascadeSpec:

@@ -24,6 +24,10 @@ Checks, each printed as ``ok`` or ``FAIL``:
    run's final latent bit for bit, for FLUX.1's packed latents (with its resolution-dependent
    shift) and SD3's.
 
+7. **feature cache**: the tiny FLUX.1 with diffusers' First Block Cache (``demo-cpu-flux``'s
+   ``flux-fbc`` level) skips attention work, changes the result, and once the hook is removed the
+   model gives the uncached run's latents bit for bit.
+
 ``--only NAME,...`` runs some of the checks (``--list`` names them); a test runs the DiT checks
 with ``--device cpu``.
 
@@ -127,6 +131,26 @@ def _check_dit_resume(registry) -> dict:
     return out
 
 
+def _check_feature_cache(registry) -> dict:
+    import torch
+
+    from workers.demo import load_demo_profile
+    from workers.pipelines import generate
+
+    level = load_demo_profile("demo-cpu-flux").level("flux-fbc")
+    model = registry.load(level.model)
+    plain = generate(model, ["a red cube"], [3], steps=level.steps, decode_images=False)
+    cached = generate(model, ["a red cube"], [3], steps=level.steps, feature_cache=level.feature_cache)
+    after = generate(model, ["a red cube"], [3], steps=level.steps, decode_images=False)
+    rate = cached.feature_cache_hit_rate
+    restored = bool(torch.equal(after.latents, plain.latents))
+    changed = not torch.equal(cached.latents, plain.latents)
+    return {"ok": rate is not None and rate > 0 and restored and changed and len(cached.images) == 1,
+            "feature_cache": dict(level.feature_cache), "hit_rate": rate, "restored_bit_exact": restored,
+            "changed_result": changed, "denoise_s": round(cached.denoise_s, 4),
+            "denoise_s_uncached": round(plain.denoise_s, 4)}  # fmt: skip
+
+
 def _check_cascade(registry, device: str) -> dict:
     from classifiers.discriminator import Discriminator
     from workers.cascade import CascadeExecutor
@@ -187,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", help="comma-separated checks to run (default: all; --list names them)")
     ap.add_argument("--list", action="store_true", help="print the checks' names and exit")
     args = ap.parse_args(argv)
-    names = ("generate", "ac_capture_resume", "cascade", "profile_measure", "dit_generate", "dit_resume")
+    names = ("generate", "ac_capture_resume", "cascade", "profile_measure", "dit_generate", "dit_resume",
+             "feature_cache")  # fmt: skip
     if args.list:
         print("\n".join(names))
         return 0
@@ -216,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         "profile_measure": lambda: _check_measure(out, args.device, args.dtype, models_dir),
         "dit_generate": lambda: _check_dit_generate(registry, args.device, args.dtype),
         "dit_resume": lambda: _check_dit_resume(registry),
+        "feature_cache": lambda: _check_feature_cache(registry),
     }
     checks = {name: checks[name] for name in chosen}
     for name, check in checks.items():

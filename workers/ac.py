@@ -10,6 +10,10 @@ Per request an :class:`ApproxCacheExecutor`:
 3. on a miss (or a K = 0 level) runs all N steps, capturing the latents after every K the
    deployment's AC levels use, and stores them with the prompt's embedding for later requests.
 
+A level with a ``feature_cache`` (K = 0) runs all N steps with that diffusers cache hook on the
+model's denoiser (:mod:`workers.feature_cache`) and neither stores nor resumes latents: its
+trajectory is approximate.
+
 A failing cache (:class:`cache.api.CacheUnavailable`) never fails the request: it runs all N
 steps and the result carries ``cache_error`` so the control plane can switch AC→SM.
 """
@@ -37,7 +41,7 @@ from workers.errors import LatentMismatch, WorkerError
 from workers.messages import WorkItem, WorkResult
 from workers.pipelines import check_resumable, generate, latent_shape, resume
 from workers.registry import ModelRegistry
-from workers.sm import ModelExecutor, queue_wait, seeds_of
+from workers.sm import ModelExecutor, feature_cache_timing, queue_wait, seeds_of
 
 __all__ = ["ApproxCacheExecutor", "ac_capture_ks", "default_embedder"]
 
@@ -97,6 +101,9 @@ class ApproxCacheExecutor(ModelExecutor):
             ks.add(level.skip)
         self.capture_ks = tuple(sorted(k for k in ks if 0 < k < level.steps))
         self.store_latents = store and cache is not None
+        if level.feature_cache:  # its trajectory is approximate: it neither stores nor resumes latents
+            self.capture_ks = ()
+            self.store_latents = False
         self.stats = {"hits": 0, "misses": 0, "cache_errors": 0, "mismatches": 0, "stored": 0, "embedded": 0}
 
     def embed(self, prompts: Sequence[str]) -> np.ndarray:
@@ -240,6 +247,7 @@ class ApproxCacheExecutor(ModelExecutor):
                     capture=capture,
                     on_step=self.reporter([items[i] for i in misses]),
                     cancel=CancelWatch([items[i] for i in misses]),
+                    feature_cache=self.level.feature_cache,
                 )
             except Cancelled as exc:  # nothing captured is stored: the run stopped early
                 for i, res in zip(misses, self.cancelled([items[i] for i in misses], exc, started), strict=True):
@@ -294,4 +302,4 @@ def _timings(item, started: float, lookup: dict, gen, batch: int) -> dict[str, f
         "denoise_s": gen.denoise_s,
         "decode_s": gen.decode_s,
         "batch": float(batch),
-    }
+    } | feature_cache_timing(gen)

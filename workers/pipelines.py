@@ -32,7 +32,7 @@ import functools
 import io
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -41,6 +41,7 @@ import torch
 
 from workers.cancel import Cancelled, CancelWatch
 from workers.errors import LatentMismatch, UnsupportedScheduler
+from workers.feature_cache import applied
 from workers.registry import AC_SCHEDULERS, FLOW_FAMILIES, LoadedModel
 
 __all__ = [
@@ -85,6 +86,8 @@ class Generation:
     unet_calls: int = 0
     denoise_s: float = 0.0
     decode_s: float = 0.0
+    # share of the denoiser's attention work a feature cache skipped (None: no feature cache)
+    feature_cache_hit_rate: float | None = None
 
 
 def denoiser(pipe: Any) -> Any:
@@ -251,13 +254,16 @@ def generate(
     decode_images: bool = True,
     on_step: StepObserver | None = None,
     cancel: CancelWatch | None = None,
+    feature_cache: Mapping[str, Any] | None = None,
 ) -> Generation:
     """Run all N steps for a batch; with ``capture``, keep the latents after each K in it; with
     ``on_step``, report every step (streamed requests, :mod:`workers.progress`); with ``cancel``,
-    stop at the next step once the batch is cancelled (:class:`workers.cancel.Cancelled`)."""
+    stop at the next step once the batch is cancelled (:class:`workers.cancel.Cancelled`); with
+    ``feature_cache``, run with that diffusers cache hook on the denoiser
+    (:mod:`workers.feature_cache`; nothing is captured then: the trajectory is approximate)."""
     spec = model.spec
     n = steps or spec.steps
-    ks = sorted({int(k) for k in capture if 0 < int(k) < n})
+    ks = sorted({int(k) for k in capture if 0 < int(k) < n}) if not feature_cache else []
     if ks:
         check_resumable(model)
     captured: dict[int, torch.Tensor] = {}
@@ -275,7 +281,13 @@ def generate(
 
     pipe = model.pipe
     watch = on_step.watch(pipe.scheduler) if report else contextlib.nullcontext()
-    with model.lock, StepCounter(pipe) as counter, torch.inference_mode(), watch:
+    with (
+        model.lock,
+        StepCounter(pipe) as counter,
+        applied(model, feature_cache, n) as fc,
+        torch.inference_mode(),
+        watch,
+    ):
         if report:
             on_step.begin()
         t0 = time.perf_counter()
@@ -295,12 +307,21 @@ def generate(
         _sync(model)
         denoise_s = time.perf_counter() - t0
     stop.raise_if_stopped(n, counter.calls)
-    gen = Generation(latents=latents, captured=captured, unet_calls=counter.calls, denoise_s=denoise_s)
+    gen = Generation(latents=latents, captured=captured, unet_calls=counter.calls, denoise_s=denoise_s,
+                     feature_cache_hit_rate=_hit_rate(fc, counter.calls))  # fmt: skip
     if decode_images:
         t1 = time.perf_counter()
         gen.images = decode(model, latents)
         gen.decode_s = time.perf_counter() - t1
     return gen
+
+
+def _hit_rate(fc: Any, denoiser_calls: int) -> float | None:
+    """1 − attention projections computed / those a run without the cache computes."""
+    if fc is None:
+        return None
+    expected = fc.modules * denoiser_calls
+    return 0.0 if expected == 0 else max(0.0, 1.0 - fc.calls / expected)
 
 
 def _as_latents(model: LoadedModel, latents: torch.Tensor | np.ndarray | Sequence[np.ndarray]) -> torch.Tensor:
@@ -459,9 +480,11 @@ def resume(
     decode_images: bool = True,
     on_step: StepObserver | None = None,
     cancel: CancelWatch | None = None,
+    feature_cache: Mapping[str, Any] | None = None,
 ) -> Generation:
     """Continue latents captured after ``k`` of N steps for ``prompts``: runs exactly N−K steps
-    (``on_step`` reports steps K+1..N; ``cancel`` stops it as in :func:`generate`)."""
+    (``on_step`` reports steps K+1..N; ``cancel`` stops it and ``feature_cache`` applies a cache
+    hook as in :func:`generate`)."""
     spec = model.spec
     n = steps or spec.steps
     if not 0 < k < n:
@@ -474,7 +497,7 @@ def resume(
     gens = _generators(model, seeds)
     report = on_step if on_step is not None and on_step.active else None
     stop = _Stop(cancel)
-    with model.lock, StepCounter(model.pipe) as counter, torch.inference_mode():
+    with model.lock, StepCounter(model.pipe) as counter, applied(model, feature_cache, n) as fc, torch.inference_mode():
         t0 = time.perf_counter()
         if report is not None:
             report.begin()
@@ -518,7 +541,8 @@ def resume(
         _sync(model)
         denoise_s = time.perf_counter() - t0
     stop.raise_if_stopped(n, counter.calls)
-    gen = Generation(latents=final, unet_calls=counter.calls, denoise_s=denoise_s)
+    gen = Generation(latents=final, unet_calls=counter.calls, denoise_s=denoise_s,
+                     feature_cache_hit_rate=_hit_rate(fc, counter.calls))  # fmt: skip
     if decode_images:
         t1 = time.perf_counter()
         gen.images = decode(model, final)

@@ -20,6 +20,9 @@ Method:
   the device sees apart from the CUDA context). On a CPU there is no GPU memory to measure: the
   numbers are the whole process's resident memory, ``rss_gib`` after the load and
   ``rss_peak_gib`` per batch size (Linux ``VmRSS`` / ``VmHWM``), labelled as such;
+* **feature caches**: a level with a ``feature_cache`` is timed with its hook applied, and the
+  share of attention work the hook skipped (:mod:`workers.feature_cache`) is recorded per level
+  (``feature_cache_hit_rate`` in the model's ``[measured.models.NAME]`` table);
 * **quality** (``quality_out``): each prompt generated at every level and scored with CLIPScore;
   an AC level resumes a prompt from the latent of its most similar *other* prompt in the set, as
   the cache would serve it.
@@ -71,6 +74,8 @@ class ModelMeasurement:
     memory_gib: float | None = None  # CUDA: allocated by the loaded pipeline; CPU: process RSS after the load
     peak_gib: dict[int, float] = field(default_factory=dict)  # batch size -> peak while running its levels
     reserved_peak_gib: float | None = None  # CUDA only: the caching allocator's peak
+    # feature-cache levels: level id -> share of attention work the cache skipped (mean over timed runs)
+    feature_cache_hit_rate: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -316,15 +321,21 @@ def measure_profile(
             memory.reset_peak()
             jobs = {level.id: _timed_run(loaded, level, ps, seeds) for level in levels}
             times: dict[str, list[float]] = {lid: [] for lid in jobs}
+            rates: dict[str, list[float]] = {}
             for r in range(warmup + repeats):
                 for lid, job in jobs.items():
                     memory.sync()
                     t0 = time.perf_counter()
-                    job()
+                    gen = job()
                     memory.sync()
                     if r >= warmup:
                         times[lid].append(time.perf_counter() - t0)
+                        if getattr(gen, "feature_cache_hit_rate", None) is not None:
+                            rates.setdefault(lid, []).append(gen.feature_cache_hit_rate)
                     tick(f"{lid} batch {b}")
+            for lid, values in rates.items():
+                result.feature_cache_hit_rate[lid] = statistics.fmean(values)
+                say(f"  {lid:<16} batch {b:>3}: feature cache skipped {statistics.fmean(values):.1%} of attention")
             for lid, ts in times.items():
                 latencies[lid][b] = statistics.median(ts)
                 say(f"  {lid:<16} batch {b:>3}: {latencies[lid][b] * 1000:9.1f} ms")
@@ -351,7 +362,7 @@ def _timed_run(loaded: Any, level: Any, prompts: list[str], seeds: list[int]) ->
     from workers.pipelines import generate, resume
 
     if not level.skip:
-        return partial(generate, loaded, prompts, seeds, steps=level.steps)
+        return partial(generate, loaded, prompts, seeds, steps=level.steps, feature_cache=level.feature_cache)
     captured = generate(loaded, prompts, seeds, steps=level.steps, capture=(level.skip,), decode_images=False)
     return partial(resume, loaded, prompts, captured.captured[level.skip], level.skip, seeds, steps=level.steps)
 
@@ -403,7 +414,8 @@ def measure_quality(
                 lat = captured[key][level.skip][nn[i] : nn[i] + 1]
                 images.append(resume(model, [prompt], lat, level.skip, [seed], steps=level.steps).images[0])
             else:
-                images.append(generate(model, [prompt], [seed], steps=level.steps).images[0])
+                gen = generate(model, [prompt], [seed], steps=level.steps, feature_cache=level.feature_cache)
+                images.append(gen.images[0])
             tick(f"quality {level.id}")
         scores[:, j] = scorer.score(prompts, images)
     return scores
@@ -493,6 +505,8 @@ def write_profile(
         ]
         if level.skip:
             lines.append(f"skip = {level.skip}")
+        if level.feature_cache:
+            lines.append(f"feature_cache = {_value(dict(level.feature_cache))}")
         lines += [
             f"latency_s = {latency}   # measured",
             f"quality = {quality[level.id]:.4g}",
@@ -523,6 +537,9 @@ def write_profile(
             value = getattr(model, attr)
             if value is not None and value != {}:
                 lines.append(f"{key} = {_value(value)}" + (f"   # {note}" if note else ""))
+        if model.feature_cache_hit_rate:
+            rates = {k: round(v, 4) for k, v in model.feature_cache_hit_rate.items()}
+            lines.append(f"feature_cache_hit_rate = {_value(rates)}   # level = share of attention work skipped")
     out = Path(path)
     out.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return out

@@ -1,7 +1,9 @@
 """Smaller-model (SM) and one-step light levels: run the level's model for its N steps.
 
 One-step distilled models (SD-Turbo, SDXS style) are ordinary registry entries with
-``steps = 1`` and ``guidance = 0``; the level's ``steps`` decides N.
+``steps = 1`` and ``guidance = 0``; the level's ``steps`` decides N. A level with a
+``feature_cache`` runs with that cache hook on its model's denoiser (:mod:`workers.feature_cache`)
+and reports ``feature_cache_hit_rate`` among its timings.
 """
 
 from __future__ import annotations
@@ -18,11 +20,17 @@ from workers.progress import StepReporter
 from workers.registry import LoadedModel, ModelRegistry
 from workers.safety import FILTERED
 
-__all__ = ["ModelExecutor", "queue_wait", "seeds_of"]
+__all__ = ["ModelExecutor", "feature_cache_timing", "queue_wait", "seeds_of"]
 
 
 def seeds_of(items: Sequence[WorkItem]) -> list[int]:
     return [item.seed if item.seed is not None else default_seed(item.request_id) for item in items]
+
+
+def feature_cache_timing(gen: Any) -> dict[str, float]:
+    """``{"feature_cache_hit_rate": share}`` for a run with a feature cache, else nothing."""
+    rate = getattr(gen, "feature_cache_hit_rate", None)
+    return {} if rate is None else {"feature_cache_hit_rate": float(rate)}
 
 
 def queue_wait(item: WorkItem, started: float) -> float:
@@ -83,7 +91,8 @@ class ModelExecutor:
         seeds = seeds_of(items)
         try:
             gen = generate(model, [i.prompt for i in items], seeds, steps=self.level.steps,
-                           on_step=self.reporter(items), cancel=CancelWatch(items))  # fmt: skip
+                           on_step=self.reporter(items), cancel=CancelWatch(items),
+                           feature_cache=self.level.feature_cache)  # fmt: skip
         except Cancelled as exc:  # every request of the batch was cancelled: stopped at a step
             return self.cancelled(items, exc, started)
         return [
@@ -96,7 +105,8 @@ class ModelExecutor:
                     "denoise_s": gen.denoise_s,
                     "decode_s": gen.decode_s,
                     "batch": float(len(items)),
-                },
+                }
+                | feature_cache_timing(gen),
                 unet_calls=gen.unet_calls,
             )
             for item, seed, image in zip(items, seeds, gen.images, strict=True)

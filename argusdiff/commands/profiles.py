@@ -72,6 +72,7 @@ def profile_to_dict(profile) -> dict:
                 "model": lv.model,
                 "steps": lv.steps,
                 "skip": lv.skip,
+                "feature_cache": dict(lv.feature_cache) if lv.feature_cache else None,
                 "latency_s": {str(b): t for b, t in sorted(lv.latency_s.items())},
                 "peak_qpm": lv.peak_qpm,
                 "quality": lv.quality,
@@ -121,6 +122,13 @@ def run_show(args: argparse.Namespace) -> int:
             f"{lv.id:<16}{lv.strategy.value:<9}{lv.model:<22}{lv.steps:>4}{lv.skip:>4}{lv.latency(1):>12.3f}"
             f"{lv.peak_qpm:>12.2f}{lv.quality:>9.3f}{lv.load_time_s:>8.2f}"
         )
+    for lv in profile.levels:
+        if lv.feature_cache:
+            params = ", ".join(f"{k} {v}" for k, v in lv.feature_cache.items() if k != "method")
+            print(
+                f"feature cache: {lv.id} runs {lv.model} with {lv.feature_cache['method']}"
+                + (f" ({params})" if params else "")
+            )
     if profile.cascade:
         c = profile.cascade
         mid = c.f(0.5)
