@@ -7,7 +7,7 @@
 # 2. the router's prompt stage with its MiniLM on the GPU (scripts/bench_router_encoder.py);
 # 3. the cascade discriminator's latency on the GPU (scripts/bench_classifier.py).
 # Everything goes to OUT_DIR/log.txt and the reports under OUT_DIR/<dtype>/. Each step has a time
-# limit, so the whole run stays under 10 minutes (2 × 180 + 120 + 90 s of limits; the whole run on an H200 took under 3); a failed step does not stop the others.
+# limit, so the whole run stays under 10 minutes (2 × 180 + 120 + 90 s of limits); a failed step does not stop the others.
 set -o pipefail
 OUT_DIR=${1:-gpu-check}
 DEVICE=${2:-cuda}
