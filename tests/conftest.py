@@ -71,7 +71,8 @@ def integration_summary(run: int, skipped: dict[str, int]) -> list[str]:
     total = sum(skipped.values())
     if not total:
         return [f"integration tests: {run} run, none skipped"] if run else []
-    lines = [f"integration tests: {run} run, {total} SKIPPED (CI runs them all: .ci/run installs redis-server first):"]
+    ci = "CI runs them all: .ci/run installs redis-server, prometheus and chromium first"
+    lines = [f"integration tests: {run} run, {total} SKIPPED ({ci}):"]
     lines += [f"  {n:4d}  {reason}" for reason, n in sorted(skipped.items(), key=lambda kv: -kv[1])]
     return lines
 

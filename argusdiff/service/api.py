@@ -32,7 +32,7 @@ from starlette.responses import JSONResponse, Response
 from argusdiff import tracing
 from argusdiff.service.app import Service
 from argusdiff.service.errors import error_body
-from argusdiff.service.handlers import edits, generations, health, results, status
+from argusdiff.service.handlers import edits, generations, health, results, status, ui
 from argusdiff.service.handlers.base import Api
 
 __all__ = ["create_app", "make_server"]
@@ -83,6 +83,7 @@ def create_app(service: Service, *, manage_lifecycle: bool = True) -> Starlette:
         *results.routes(api),
         *status.routes(api),
         *health.routes(api),
+        *ui.routes(api),
     ]
     return _App(
         routes=routes,

@@ -115,6 +115,8 @@ OPERATIONS: tuple[Operation, ...] = (
               {200: ("ready", s.Readiness), 503: ("not ready; `reason` says why", s.Readiness)}, secured=False),
     Operation("/metrics", "get", "metrics", "Prometheus metrics", {200: ("Prometheus text format", "text/plain")},
               secured=False),
+    Operation("/ui", "get", "livePlanPage", "The live plan page (it reads /v1/plan, /v1/cluster and /metrics)",
+              {200: ("a self-contained HTML page", "text/html")}, secured=False),
 )  # fmt: skip
 
 _STREAM_EVENTS = (s.ImagePartialEvent, s.ImageCompletedEvent, s.ProgressEvent, s.ErrorResponse)

@@ -40,6 +40,7 @@ async def plan_endpoint(api: Api, request: Request) -> Response:
         "hit_ratio": health.hit_ratio(),
     }
     body["in_flight"] = dict(router.level_load)
+    body["affinity"] = _affinity(service.policy, plan.levels)
     # profiled and measured seconds per image by level (argusdiff.latency); the plan's
     # ``latency_scale`` is what it was made with
     body["latencies"] = router.latencies()
@@ -52,6 +53,15 @@ async def plan_endpoint(api: Api, request: Request) -> Response:
         "last_error": service.control.last_error,
     }
     return JSONResponse(body)
+
+
+def _affinity(policy: object, levels: tuple[str, ...]) -> dict[str, float] | None:
+    """H: the shares of recent prompts by optimal level, from the policy's affinity histogram over
+    the plan's levels (None for a policy that keeps none)."""
+    for hist in getattr(policy, "histograms", {}).values():
+        if tuple(hist.level_ids) == tuple(levels):
+            return dict(zip(levels, hist.shares(), strict=True))
+    return None
 
 
 async def cluster_endpoint(api: Api, request: Request) -> Response:
