@@ -42,7 +42,14 @@ def test_generated_requests_never_get_a_5xx(live_service):
     for result in schema.get_all_operations():
         op = result.ok()
         n = 250 if op.path in GENERATION_PATHS else 40
-        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+        body = doc["paths"][op.path][op.method.lower()].get("requestBody", {}).get("content", {})
+        modes = [GenerationMode.POSITIVE, GenerationMode.NEGATIVE]
+        if "multipart/form-data" in body:
+            # schemathesis cannot make a negative case of a binary form field (it raises
+            # "Unsupported type: 'Binary'" on some draws); the edits route's invalid forms are
+            # tested field by field in tests/test_edits.py.
+            modes.remove(GenerationMode.NEGATIVE)
+        for mode in modes:
 
             @settings(
                 max_examples=n,
