@@ -7,7 +7,11 @@
   every argusdiff command line in it parses with the real CLI, every ARGUSDIFF_* variable is a
   real setting, and every host the settings name is a service;
 * deploy/Dockerfile has the two targets the compose file builds and copies only files that exist;
-* deploy/nginx.conf balances over the two routers.
+* deploy/nginx.conf balances over the two routers;
+* both images check at build time that sqlite3, ssl, ctypes and argusdiff import (the worker stage
+  installs the libraries its copied Python links to); every service has a health check on the
+  right port (a worker's: its own heartbeat key); docs/operations.md's walk-through uses the load
+  balancer's port and the Bearer key.
 
 Building the images and starting the stack are not tested (docs/operations.md says so).
 """
@@ -172,3 +176,77 @@ def test_dockerfile_targets_and_copied_paths():
             assert f"!{source.rstrip('/')}" in ignore, f"COPY {source}: excluded from the build context"
     for pinned in re.findall(r"(torch(?:vision)?==[\d.]+)", dockerfile):
         assert pinned in (ROOT / "constraints.txt").read_text(), f"{pinned} differs from constraints.txt"
+
+
+def _stages(dockerfile: str) -> dict[str, str]:
+    """Each named stage of the Dockerfile -> its text."""
+    out: dict[str, str] = {}
+    for block in re.split(r"^(?=FROM )", dockerfile, flags=re.MULTILINE):
+        m = re.match(r"FROM \S+ AS (\S+)", block)
+        if m:
+            out[m[1]] = block
+    return out
+
+
+def _nginx_listen() -> int:
+    nginx = (DEPLOY / "nginx.conf").read_text(encoding="utf-8")
+    (port,) = re.findall(r"^\s*listen (\d+);", nginx, re.MULTILINE)
+    return int(port)
+
+
+def test_images_check_at_build_that_their_modules_load():
+    stages = _stages((DEPLOY / "Dockerfile").read_text(encoding="utf-8"))
+    for target in ("router", "worker"):
+        text = stages[target]
+        check = re.search(r'^RUN python -c "import ([^"]+)"$', text, re.MULTILINE)
+        assert check, f"{target}: no build-time import check"
+        modules = {m.strip() for m in check[1].split(",")}
+        assert {"sqlite3", "ssl", "ctypes", "argusdiff"} <= modules, target
+        assert text.index("COPY --from=build-") < check.start(), f"{target}: the check runs before the venv is in"
+    # the worker's Python comes from another distribution: the libraries its modules link to are
+    # installed on the CUDA base (cache/index.py imports sqlite3)
+    worker = stages["worker"]
+    assert "COPY --from=python /usr/local /usr/local" in worker
+    installed = re.search(r"apt-get install (.*?)&&", worker, re.S)[1].replace("\\", " ").split()
+    for lib in ("libsqlite3-0", "libssl3t64", "libffi8", "libgomp1"):
+        assert lib in installed, lib
+
+
+def test_every_service_has_a_health_check_on_the_right_port(compose):
+    settings = load_settings(DEPLOY / "production.toml", environ={})
+    from argusdiff.service.transport.redis_streams import RedisKeys
+
+    keys = RedisKeys(settings.service.namespace)
+    listen = _nginx_listen()
+    for name, service in compose["services"].items():
+        if name == "s3-init":
+            continue  # a one-shot job
+        assert "healthcheck" in service or name == "qdrant", f"{name} has no health check"
+    for name, service in _argusdiff_services(compose).items():
+        test = " ".join(service["healthcheck"]["test"])
+        argv = list(service.get("command") or ())
+        if argv and argv[0] == "worker":
+            worker_id = argv[argv.index("--id") + 1]
+            assert repr(keys.heartbeat(worker_id)) in test, f"{name}: checks another worker's heartbeat"
+            assert argv[argv.index("--redis") + 1] in test, name
+        else:
+            port = int(re.search(r"127\.0\.0\.1:(\d+)/healthz", test)[1])
+            assert port == settings.service.port, name
+    lb = compose["services"]["lb"]
+    assert int(re.search(r"127\.0\.0\.1:(\d+)/healthz", " ".join(lb["healthcheck"]["test"]))[1]) == listen
+    (published,) = lb["ports"]
+    assert int(published.rsplit(":", 1)[1]) == listen
+
+
+def test_the_compose_walkthrough_names_the_ports_compose_publishes():
+    """docs/operations.md's compose commands reach the load balancer on the port it listens on and
+    published, and send the Bearer key compose requires to every authenticated endpoint."""
+    doc = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
+    listen = _nginx_listen()
+    assert set(map(int, re.findall(r"\blb:(\d+)", doc))) == {listen}
+    compose_section = doc[doc.index("## Deploying with Docker Compose") : doc.index("## Kubernetes (Helm)")]
+    assert set(map(int, re.findall(r"localhost:(\d+)", compose_section))) == {listen}
+    for line in re.findall(r"^curl .*$", doc, re.MULTILINE):
+        path = re.search(r"localhost:\d+(/\S*)", line)[1]
+        if path.startswith("/v1/"):
+            assert "Authorization: Bearer" in line, line
