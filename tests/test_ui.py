@@ -71,7 +71,7 @@ def test_the_page_shows_the_live_plan_and_follows_it(redis_server, live_service,
         return plan if sum(plan["counts"].values()) == n_workers else None
 
     worker_procs(redis_server.url, "w1")
-    plan = _wait(lambda: plan_with(1))
+    plan = _wait(lambda: plan_with(1), timeout=90)
 
     page = browser.new_page()
     page.goto(f"{server.url}/ui?refresh=0.5")
@@ -94,7 +94,7 @@ def test_the_page_shows_the_live_plan_and_follows_it(redis_server, live_service,
 
     # the plan changes: a second worker joins and the next plan assigns it
     worker_procs(redis_server.url, "w2")
-    changed = _wait(lambda: plan_with(2))
+    changed = _wait(lambda: plan_with(2), timeout=90)
     _wait(lambda: sum(page.eval_on_selector_all("#levels .workers", "cs => cs.map(c => +c.textContent)")) == 2)
     assert int(page.inner_text("#plan-version")) >= changed["version"] > version
 
