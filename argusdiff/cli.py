@@ -28,6 +28,10 @@ from argusdiff.errors import ArgusdiffError
 # name -> (module under argusdiff.commands, one-line help). Order is the order in --help.
 COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("replay", "replay a trace through policies on a simulated cluster and compare them"),
+    "bound": (
+        "bound",
+        "the clairvoyant bound of a trace: the fewest violations and best quality any policy could reach",
+    ),
     "plan": ("plan", "solve one allocation (ILP) and PASM for a profile, cluster size and load"),
     "serve": ("serve", "run the REST endpoint, router and control loop (embedded workers by default)"),
     "worker": ("worker", "run one worker that takes work from Redis Streams"),

@@ -123,6 +123,9 @@ class ReplaySpec:
     # ARGUS §4.1 drift retraining over the served-quality stream of policies that use the
     # classifier (argusdiff.simulator.drift.DriftSettings); None: not modelled
     drift: Any = field(default_factory=lambda: _drift_settings())
+    # the clairvoyant bound of each profile the runs use (argusdiff.bound, docs/bound.md): a row in
+    # the tables, and each policy's gap to it
+    bound: bool = True
 
 
 def _drift_settings() -> Any:
@@ -140,6 +143,7 @@ class ReplayResult:
     results: dict[str, Any]  # policy label -> SimResult
     minutes: dict[str, dict[str, np.ndarray]]
     summaries: dict[str, dict[str, Any]]
+    bounds: dict[str, Any] = field(default_factory=dict)  # profile name -> argusdiff.bound.Bound
 
 
 def unified_label(name: str) -> str:
@@ -539,6 +543,7 @@ def run_replay(
         results[label] = res
         minutes[label] = m
         summaries[label] = s
+    bounds = _bounds(spec, prepared, shared, results, summaries) if spec.bound else {}
     return ReplayResult(
         spec=spec,
         trace_name=provenance.get("trace_name") or str(spec.trace),
@@ -547,7 +552,73 @@ def run_replay(
         results=results,
         minutes=minutes,
         summaries=summaries,
+        bounds=bounds,
     )
+
+
+_BOUNDS: dict[tuple, Any] = {}  # one process's bounds by trace, levels and cluster (scripts replay a trace often)
+
+
+def _bounds(
+    spec: ReplaySpec,
+    prepared: Prepared,
+    shared: _SharedRunSettings,
+    results: dict[str, Any],
+    summaries: dict[str, dict[str, Any]],
+) -> dict[str, Any]:
+    """The clairvoyant bound (:mod:`argusdiff.bound`) of each profile the runs use, over its levels
+    and any other level its runs served (ARGUS's fallback ladder), and each summary's ``bound_gap``: the bound's
+    quality at the run's violation ratio minus the run's relative quality (points of 1)."""
+    import hashlib
+
+    from argusdiff.bound import clairvoyant_bound
+    from argusdiff.domain import level_catalogue
+
+    catalog = level_catalogue(*shared.profiles.values())
+    wl = prepared.workload
+    by_profile: dict[str, list[str]] = {}
+    for label, s in summaries.items():
+        name = str(s.get("profile"))
+        profile = next((p for p in shared.profiles.values() if p.name == name), None)
+        ids = by_profile.setdefault(name, list(profile.ids) if profile is not None else [])
+        res = results[label]
+        used = {res.level_ids[k] for k in np.unique(res.level[res.level >= 0])}
+        ids += [i for i in res.level_ids if i in used and i not in ids and i in catalog and i in wl.relative]
+    digest = hashlib.sha1(np.ascontiguousarray(wl.arrivals_s).tobytes())
+    digest.update(np.ascontiguousarray(wl.prompt_idx).tobytes())
+    for lv in sorted({i for ids in by_profile.values() for i in ids}):
+        digest.update(lv.encode() + np.ascontiguousarray(wl.relative[lv]).tobytes())
+    if wl.slo_s is not None:
+        digest.update(np.ascontiguousarray(wl.slo_s).tobytes())
+    digest.update(repr(wl.tier).encode())
+    out: dict[str, Any] = {}
+    for name, ids in by_profile.items():
+        profile = next((p for p in shared.profiles.values() if p.name == name), next(iter(shared.profiles.values())))
+        key = (
+            digest.hexdigest(),
+            tuple(ids),
+            spec.gpus,
+            shared.slo_s,
+            tuple(sorted(shared.tier_slo.items())),
+            shared.faults,
+        )
+        if key not in _BOUNDS:
+            _BOUNDS[key] = clairvoyant_bound(
+                wl,
+                profile,
+                gpus=spec.gpus,
+                slo_s=shared.slo_s,
+                tier_slo=shared.tier_slo,
+                faults=shared.faults,
+                levels=[catalog[i] for i in ids],
+            )
+        out[name] = _BOUNDS[key]
+    for s in summaries.values():
+        b = out.get(str(s.get("profile")))
+        if b is not None:
+            q = s["relative_quality"]
+            s["bound_gap"] = b.quality_at(s["slo_violation_ratio"]) - q if q == q else float("nan")
+    return out
 
 
 @dataclass

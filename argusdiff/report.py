@@ -45,20 +45,36 @@ def _fmt(x: float, spec: str) -> str:
 
 
 def format_table(result) -> str:
-    """The comparison table (plain text, one row per policy)."""
-    w = max(19, 2 + max((len(label) for label in result.summaries), default=0))
+    """The comparison table (plain text, one row per policy, then the clairvoyant bound of each
+    profile: a yardstick, not a policy; ``gap``: each policy's distance to it in points)."""
+    from argusdiff.bound import BOUND_LABEL
+
+    bounds = getattr(result, "bounds", {}) or {}
+    w = max(19, 2 + max((len(label) for label in result.summaries), default=0), 2 + len(BOUND_LABEL) if bounds else 0)
     head = (
         f"{'policy':<{w}}{'profile':<22}{'SLO viol':>9}{'rel.qual':>9}{'eff.qual':>9}{'goodput':>9}"
-        f"{'thrpt':>8}{'util':>6}{'switch':>7}{'p99 s':>8}{'dropped':>8}"
+        f"{'thrpt':>8}{'util':>6}{'switch':>7}{'p99 s':>8}{'dropped':>8}" + (f"{'gap':>7}" if bounds else "")
     )
     lines = [head, "-" * len(head)]
     for label, s in result.summaries.items():
+        gap = _fmt(100 * s.get("bound_gap", float("nan")), "7.1f") if bounds else ""
         lines.append(
             f"{label:<{w}}{s.get('profile')!s:<22}{_fmt(100 * s['slo_violation_ratio'], '8.1f')}%"
             f"{_fmt(100 * s['relative_quality'], '8.1f')}%{_fmt(s['effective_quality'], '9.2f')}"
             f"{_fmt(s['goodput_qpm'], '9.1f')}{_fmt(s['throughput_qpm'], '8.1f')}"
             f"{_fmt(100 * s['gpu_utilization'], '5.0f')}%{s['model_switches']:>7d}"
-            f"{_fmt(s['latency_p99_s'], '8.1f')}{s['dropped']:>8d}"
+            f"{_fmt(s['latency_p99_s'], '8.1f')}{s['dropped']:>8d}{gap:>7}"
+        )
+    for name, b in bounds.items():
+        lines.append(
+            f"{BOUND_LABEL:<{w}}{name:<22}{_fmt(100 * b.min_violation, '8.1f')}%{_fmt(100 * b.quality, '8.1f')}%"
+            f"{'-':>9}{'-':>9}{'-':>8}{'-':>6}{'-':>7}{'-':>8}{'-':>8}{'-':>7}"
+        )
+    if bounds:
+        lines.append(
+            "clairvoyant bound: an LP that knows the whole trace (docs/bound.md): the fewest violations any "
+            "schedule could have and the best relative quality at them; gap: the bound's relative quality at the "
+            "policy's violation ratio minus the policy's, in points"
         )
     lines += format_tier_table(result)
     lines += format_domination(result)
@@ -172,7 +188,8 @@ def _jsonable(x: Any) -> Any:
 
 
 def summary_json(result) -> dict[str, Any]:
-    return _jsonable({"provenance": result.provenance, "policies": result.summaries})
+    bounds = {name: b.as_dict() for name, b in getattr(result, "bounds", {}).items()}
+    return _jsonable({"provenance": result.provenance, "policies": result.summaries, "bounds": bounds})
 
 
 def write_metrics_csv(result, path: Path) -> None:

@@ -82,7 +82,39 @@ def md_table(result, *, labels=None) -> str:
             f"{s['goodput_qpm']:.1f} | {100 * s['gpu_utilization']:.0f}% | {s['model_switches']} | "
             f"{s['latency_p99_s']:.1f} | {looks if looks else '-'} | {miss} |"
         )
-    return "\n".join(lines)
+    return bound_hook(result, lines, labels)
+
+
+# ---- the clairvoyant bound (docs/bound.md): one hook, kept apart from the tables' own columns -----
+def bound_hook(result, lines: list[str], labels=None) -> str:
+    """``lines`` (a policy table) with a "gap to bound" column and a row per profile for the
+    clairvoyant bound of the replay (``ReplayResult.bounds``), labelled as no policy."""
+    from argusdiff.bound import BOUND_LABEL
+
+    bounds = getattr(result, "bounds", {}) or {}
+    if not bounds:
+        return "\n".join(lines)
+    rows = [s for label, s in result.summaries.items() if labels is None or label in labels]
+    out = [lines[0] + " gap to bound |", lines[1] + "---:|"]
+    for line, s in zip(lines[2:], rows, strict=True):
+        gap = s.get("bound_gap", float("nan"))
+        out.append(line + (" - |" if gap != gap else f" {100 * gap:.1f} |"))
+    shown = {s["profile"] for s in rows}
+    for name, b in bounds.items():
+        if name in shown:
+            out.append(
+                f"| *{BOUND_LABEL}* | {name} | {fmt_pct(b.min_violation)} | {fmt_pct(b.quality)} | "
+                "- | - | - | - | - | - | - |"
+            )
+    return "\n".join(out)
+
+
+def bound_cell(summary, sep: str = " /") -> str:
+    """A policy's gap to the clairvoyant bound for a compact cell ("" when no bound ran)."""
+    gap = summary.get("bound_gap")
+    if gap is None:
+        return ""
+    return f"{sep} -" if gap != gap else f"{sep} {100 * gap:.1f}"
 
 
 def merge_runs(res, spec: dict, rename) -> None:
@@ -96,6 +128,8 @@ def merge_runs(res, spec: dict, rename) -> None:
             res.summaries[new] = summary
             res.minutes[new] = more.minutes[label]
             res.results[new] = more.results[label]
+    for name, bound in getattr(more, "bounds", {}).items():  # the clairvoyant bound's rows (bound_hook)
+        res.bounds.setdefault(name, bound)
 
 
 def sm_label(label: str) -> str | None:
@@ -196,7 +230,7 @@ def unified_section(traces, common, rule, keep) -> str:
             )
         )
         viol, rq = fmt_pct(me["slo_violation_ratio"]), fmt_pct(me["relative_quality"])
-        checks.append(f"| {key} | {viol} | {rq} | {verdict} |")
+        checks.append(f"| {key} | {viol} | {rq} |{bound_cell(me, sep='')} | {verdict} |")
         wall = time.perf_counter() - t0
         parts.append(
             f"### {key}: {desc}\n\n{provenance_line(res)}(replayed in {wall:.0f} s)\n\n"
@@ -205,8 +239,8 @@ def unified_section(traces, common, rule, keep) -> str:
         print(f"unified/{key}: {wall:.0f} s", flush=True)
     parts.insert(
         2,
-        "| trace | argus+ (unified) SLO viol. | rel. quality | domination check against the field |\n"
-        "|---|---:|---:|---|\n" + "\n".join(checks) + "\n",
+        "| trace | argus+ (unified) SLO viol. | rel. quality | gap to bound | domination check against the field |\n"
+        "|---|---:|---:|---:|---|\n" + "\n".join(checks) + "\n",
     )
     # the tier target: interactive violations with tiers vs the same planner without
     rows = []
@@ -337,7 +371,8 @@ def main() -> int:
         lines = [
             "## Demand predictor: ARGUS, Proteus and argus+ under each reading\n",
             f"Same traces and rule as above ({rule}). One row per reading; each cell: SLO violations / relative "
-            "quality / model loads. `source` is each policy's own reading: ARGUS's paper gives none beyond \"the "
+            "quality / model loads / gap to the clairvoyant bound (points, [bound.md](bound.md)). `source` is "
+            "each policy's own reading: ARGUS's paper gives none beyond \"the "
             "past workload\" (`argus-paper`: EWMA of per-minute rates), Proteus's artifact an EWMA (com 1.6) of "
             "1 s demand over 20 samples x beta 1.05.\n",
         ]
@@ -349,7 +384,7 @@ def main() -> int:
                 for pol in ("argus", "proteus", "argus+"):
                     s = next(s for k, lb, p, s in rows if k == key and lb == label and p == pol)
                     viol, rq = fmt_pct(s["slo_violation_ratio"]), fmt_pct(s["relative_quality"])
-                    cells.append(f"{viol} / {rq} / {s['model_switches']}")
+                    cells.append(f"{viol} / {rq} / {s['model_switches']}{bound_cell(s)}")
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
         sections.append("\n".join(lines) + "\n")
 

@@ -263,3 +263,60 @@ def test_the_bound_is_above_every_policy_on_every_shipped_trace(trace):
             assert b.quality_at(v) <= b.max_quality
             assert b.gap(v, q) >= -1e-9
     assert len(res.results) >= 10
+
+
+def test_the_replay_table_has_a_bound_row_per_profile_and_every_gap():
+    from argusdiff.replay import ReplaySpec, run_replay
+    from argusdiff.report import format_table, summary_json
+
+    spec = ReplaySpec(
+        trace="bursty:low=40,high=200,period=1m,duration=3m",
+        policies=["argus+", "proteus", "diffserve"],
+        gpus=4,
+        embeddings=False,
+        admission=False,
+    )
+    res = run_replay(spec)
+    profiles = {s["profile"] for s in res.summaries.values()}
+    assert set(res.bounds) == profiles and len(profiles) == 4
+    table = format_table(res)
+    rows = [line for line in table.splitlines() if line.startswith(BOUND_LABEL)]
+    assert len(rows) == 4 and all(any(p in r for p in profiles) for r in rows)
+    for label, s in res.summaries.items():
+        b = res.bounds[s["profile"]]
+        assert s["slo_violation_ratio"] >= b.min_violation - 1e-9, label
+        assert s["bound_gap"] >= -1e-9, (label, s["bound_gap"])
+    assert set(summary_json(res)["bounds"]) == profiles
+    quiet = run_replay(ReplaySpec(**{**spec.__dict__, "bound": False}))
+    assert quiet.bounds == {} and BOUND_LABEL not in format_table(quiet)
+
+
+def test_the_cli_prints_the_bound_and_names_bad_options(capsys):
+    import json
+
+    from argusdiff.cli import main
+
+    trace = "bursty:low=40,high=300,period=1m,duration=2m"
+    assert (
+        main(["bound", "--trace", trace, "--profile", "sdxl-ac-a100,cascade-sdxlltn-sdxl", "--gpus", "2", "--json"])
+        == 0
+    )
+    out = json.loads(capsys.readouterr().out)
+    got = {b["profile"]: b for b in out["bounds"]}
+    assert set(got) == {"sdxl-ac-a100", "cascade-sdxlltn-sdxl"}
+    assert got["sdxl-ac-a100"]["min_violation"] > 0  # 300 QPM on two workers: beyond capacity
+    assert got["sdxl-ac-a100"]["label"] == BOUND_LABEL
+    assert main(["bound", "--trace", trace, "--profile", "sm-a100", "--gpus", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "sm-a100" in text and "relaxed:" in text
+    for args, option in (
+        (["--gpus", "0"], "--gpus"),
+        (["--slo", "-3"], "--slo"),
+        (["--bin", "zero"], "--bin"),
+        (["--profile", "no-such-profile"], "--profile"),
+        (["--trace", "nope:x=1"], "--trace"),
+        (["--load-fraction", "0"], "--load-fraction"),
+        (["--faults", "gpus:x@1m+1m"], "--faults"),
+    ):
+        assert main(["bound", "--trace", trace, *args] if args[0] != "--trace" else ["bound", *args]) == 2
+        assert option in capsys.readouterr().err

@@ -144,6 +144,11 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         help="no admission after the policies (each policy alone, as its paper ran it); default: "
         "[admission] replay (on: a request that cannot meet its deadline is refused, as the service does)",
     )
+    parser.add_argument(
+        "--no-bound",
+        action="store_true",
+        help="leave out the clairvoyant bound's rows and each policy's gap to it (docs/bound.md)",
+    )
     parser.add_argument("--out", default=None, help="output folder: metrics.csv, summary.json, PNG plots, report.html")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots (report.html without figures)")
     parser.add_argument("--json", action="store_true", help="print summary.json to stdout instead of the table")
@@ -230,6 +235,7 @@ def run(args: argparse.Namespace) -> int:
         cascade_baselines=args.cascade_baselines,
         admission=admission,
         drift=DriftSettings.from_config(settings.classifier),
+        bound=not args.no_bound,
     )
     if args.period is None and cfg.period_s != 60.0:
         spec.period_s = cfg.period_s
