@@ -30,7 +30,14 @@ from typing import Any
 
 from workers.errors import WorkerError
 
-__all__ = ["AttentionCounter", "applied", "build_config", "supports_feature_cache"]
+__all__ = ["AttentionCounter", "applied", "build_config", "denoiser", "supports_feature_cache"]
+
+
+def denoiser(pipe: Any) -> Any:
+    """A pipeline's denoising network: ``transformer`` (DiTs: FLUX.1, SD3) or ``unet`` (here, where
+    the cache hooks attach; :mod:`workers.pipelines` uses it too)."""
+    net = getattr(pipe, "transformer", None)
+    return net if net is not None else pipe.unet
 
 
 def _methods() -> Mapping[str, str]:
@@ -41,8 +48,6 @@ def _methods() -> Mapping[str, str]:
 
 def supports_feature_cache(pipe: Any) -> bool:
     """Whether the pipeline's denoiser takes diffusers' cache hooks (``enable_cache``)."""
-    from workers.pipelines import denoiser
-
     return callable(getattr(denoiser(pipe), "enable_cache", None))
 
 
@@ -80,8 +85,6 @@ class AttentionCounter:
     """Counts calls of the denoiser's attention query projections (``to_q``) while open."""
 
     def __init__(self, pipe: Any) -> None:
-        from workers.pipelines import denoiser
-
         self.calls = 0
         self._handles = [
             module.register_forward_pre_hook(self._hook)
@@ -111,8 +114,6 @@ def applied(model: Any, spec: Mapping[str, Any] | None, steps: int) -> Iterator[
     if not spec:
         yield None
         return
-    from workers.pipelines import denoiser
-
     net = denoiser(model.pipe)
     if not supports_feature_cache(model.pipe):
         raise WorkerError(

@@ -41,7 +41,7 @@ import torch
 
 from workers.cancel import Cancelled, CancelWatch
 from workers.errors import LatentMismatch, UnsupportedScheduler
-from workers.feature_cache import applied
+from workers.feature_cache import applied, denoiser
 from workers.registry import AC_SCHEDULERS, FLOW_FAMILIES, LoadedModel
 
 __all__ = [
@@ -88,12 +88,6 @@ class Generation:
     decode_s: float = 0.0
     # share of the denoiser's attention work a feature cache skipped (None: no feature cache)
     feature_cache_hit_rate: float | None = None
-
-
-def denoiser(pipe: Any) -> Any:
-    """A pipeline's denoising network: ``transformer`` (DiTs: FLUX.1, SD3) or ``unet``."""
-    net = getattr(pipe, "transformer", None)
-    return net if net is not None else pipe.unet
 
 
 class StepCounter:
