@@ -140,12 +140,21 @@ def _images_dir() -> str:
 _IMAGES: str | None = None
 
 
-def demo_model_settings(models_dir: str, cache_path, *, policy: str = "nirvana", workers: int = 1, **cache: object):
-    """Settings for a service on the real tiny demo-cpu pipelines with a latent cache at ``cache_path``."""
+def demo_model_settings(
+    models_dir: str,
+    cache_path,
+    *,
+    policy: str = "nirvana",
+    workers: int = 1,
+    profile: str = "demo-cpu",
+    **cache: object,
+):
+    """Settings for a service on the real tiny pipelines of a demo profile (demo-cpu unless
+    ``profile`` names another) with a latent cache at ``cache_path``."""
     from argusdiff.config import Settings
 
     base = service_settings(
-        "demo-cpu", policy=policy, stand_in_scale=None, workers=workers, request_timeout_s=120
+        profile, policy=policy, stand_in_scale=None, workers=workers, request_timeout_s=120
     ).model_dump()
     base["workers"].update(models_dir=models_dir, device="cpu", torch_threads=1, poll_s=0.05)
     base["cache"].update(path=str(cache_path), **cache)
