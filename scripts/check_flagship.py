@@ -137,6 +137,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--held-out", choices=("include", "exclude", "only"), default="include")
     ap.add_argument("--json", default=None, help="also write the rows as JSON to this file")
     ap.add_argument("--list", action="store_true", help="list the cases and exit")
+    ap.add_argument(
+        "--write",
+        default=None,
+        help="also write the table into this markdown file between its flagship markers (docs/results.md)",
+    )
     args = ap.parse_args(argv)
 
     if args.list:
@@ -161,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
 
     tmp = Path(tempfile.mkdtemp(prefix="argusdiff-flagship-"))
     out: list[dict] = []
+    t_all = time.perf_counter()
     print(
         f"{'case':10s} {'set':8s} {'gpus':>4s} {'row':18s} {'viol':>6s} {'qual':>6s} {'argus':>13s} "
         f"{'refused':>7s} {'false':>5s}  verdict"
@@ -194,7 +200,54 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{len(out) - len(failed)} of {len(out)} argus+ rows pass (admission on, the product's defaults)")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
+    if args.write:
+        write_markdown(Path(args.write), out, time.perf_counter() - t_all)
     return 1 if failed else 0
+
+
+START, END = "<!-- flagship:start -->", "<!-- flagship:end -->"
+
+
+def markdown(rows: list[dict], wall_s: float) -> str:
+    """The pass/fail table as markdown, with the machine and the date."""
+    import datetime
+    import platform
+
+    head = (
+        f"_Generated {datetime.date.today().isoformat()} on {platform.machine()} ({os.cpu_count()} cores) by "
+        f"`python scripts/check_flagship.py` in {wall_s / 60:.0f} min; admission on, every other setting "
+        "`argusdiff replay`'s default; SYNTHETIC quality tables._\n\n"
+        "| trace | set | workers | row | SLO viol. | rel. quality | ARGUS viol. / quality | refused (false) "
+        "| verdict |\n"
+        "|---|---|---:|---|---:|---:|---:|---:|---|\n"
+    )
+    lines = []
+    for r in rows:
+        why = []
+        if not r["violations_ok"]:
+            why.append("violations > ARGUS + 0.5 pp")
+        if not r["quality_ok"]:
+            why.append("quality < ARGUS − 1 pp")
+        if r["dominated_by"]:
+            why.append("dominated by " + ", ".join(r["dominated_by"]))
+        verdict = "pass" if r["ok"] else "**fail**: " + "; ".join(why)
+        lines.append(
+            f"| {r['case']} | {'held out' if r['held_out'] else 'tuning'} | {r['gpus']} | {r['row']} | "
+            f"{100 * r['violations']:.1f}% | {100 * r['quality']:.1f}% | "
+            f"{100 * r['argus_violations']:.1f}% / {100 * r['argus_quality']:.1f}% | "
+            f"{r['refused']} ({r['false_refusals']}) | {verdict} |"
+        )
+    n_ok = sum(1 for r in rows if r["ok"])
+    return head + "\n".join(lines) + f"\n\n{n_ok} of {len(rows)} argus+ rows pass.\n"
+
+
+def write_markdown(path: Path, rows: list[dict], wall_s: float) -> None:
+    text = path.read_text(encoding="utf-8")
+    if START not in text or END not in text:
+        raise SystemExit(f"--write: {path} has no {START} ... {END} markers")
+    a, rest = text.split(START, 1)
+    _old, b = rest.split(END, 1)
+    path.write_text(a + START + "\n" + markdown(rows, wall_s) + END + b, encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -424,3 +424,47 @@ def test_live_view_spreads_a_levels_load_over_its_pulling_workers():
         full, rest = divmod(q, b)
         drain = full * lv.latency(b) + (lv.latency(rest) if rest else 0.0) - 0.5 * lv.latency(min(q, b)) if q else 0.0
         assert view.busy_until[w] == pytest.approx(100.0 + drain)
+
+
+def test_pooled_ac_plan_is_pulled_alike_by_the_simulator_the_workers_and_admission():
+    """argus+'s work-conserving AC plan (``pooled``): every AC worker pulls every K level's queue.
+    The simulator's pullers, the live workers' levels and sibling levels, and admission's serving
+    workers agree level by level; the policy routes with every worker at every level."""
+    from argusdiff.admission import serving_workers
+    from argusdiff.domain import ClusterStats
+    from argusdiff.simulator.engine import Simulator
+
+    profile = load_profile("sdxl-ac-a100")
+    pol = make_policy("argus+", profile, rng=np.random.default_rng(0), config={"backend": "highs"})
+    ws = tuple(f"w{k}" for k in range(GPUS))
+    plan = pol.plan(ClusterStats(now_s=0.0, period_s=60.0, arrivals=70, workers=ws))
+    assert set(plan.assignment.values()) == {profile.ac_base(profile.ids[-1]).id}  # pooled at K = 0
+    assert sum(1 for n in pol._planned.values() if n is not None) == GPUS  # the allocation, kept for the next one
+    levels = level_catalogue(profile)
+    wl = quick_workload("poisson:qpm=10,duration=1m", [profile], n_prompts=20)
+    sim = Simulator(pol, wl, SimConfig(gpus=GPUS))
+    sim.widx = {w: k for k, w in enumerate(ws)}
+    sim.wids = ws
+    sim.up = [True] * GPUS
+    sim.wlevel = [None] * GPUS
+    sim.pinned = [frozenset()] * GPUS
+    sim.model = [None] * GPUS
+    sim.resident = [{} for _ in ws]
+    sim.plans = []
+    sim.loads = []
+    sim.load_end = [0.0] * GPUS
+    sim.free_at = [0.0] * GPUS
+    sim.dq = [[] for _ in ws]
+    from argusdiff.policies.base import RouteView
+
+    sim.view = RouteView(busy_until={w: 0.0 for w in ws}, worker_models={w: None for w in ws})
+    sim._apply(plan, 0.0, True)
+    live = [Worker(w, None, lambda lv: None, levels=levels) for w in ws]
+    for w in live:
+        w.apply_plan(plan)
+    r = pol.routing(plan)
+    for lv in profile.ids:
+        simulated = {ws[k] for k in sim.pullers.get(lv, ())}
+        pulled = {w.worker_id for w in live if w.target_level == lv or lv in w.sibling_levels}
+        assert simulated == pulled == set(serving_workers(plan, levels, lv)) == set(ws), lv
+        assert set(r.workers[r.index[lv]]) == set(ws)

@@ -43,7 +43,15 @@ def test_replay_json_and_faults(capsys):
     assert rc == 0
     data = json.loads(capsys.readouterr().out)
     unified = {"argus+ (unified)", *(f"argus+ (unified) -{x}" for x in ("cascades", "AC", "SM", "tiers"))}
-    assert set(data["policies"]) == {"argus+", "argus+ -admission", "argus+ -backlog", "argus+ -switch", *unified}
+    assert set(data["policies"]) == {
+        "argus+",
+        "argus+ -admission",
+        "argus+ +backlog",
+        "argus+ -switch",
+        "argus+ -pooled",
+        "argus+ -measured",
+        *unified,
+    }
     assert data["provenance"]["faults"] == "gpus:4@2m+2m"
     s = data["policies"]["argus+"]
     assert s["served"] + s["dropped"] == s["requests"]
@@ -226,8 +234,10 @@ def test_variant_runs_come_from_the_policies_that_declare_them():
     assert labels[:10] == list(ReplaySpec().policies)
     assert labels[10:] == [
         "argus+ -admission",
-        "argus+ -backlog",
+        "argus+ +backlog",
         "argus+ -switch",
+        "argus+ -pooled",
+        "argus+ -measured",
         "argus+ (unified)",
         "argus+ (unified) -cascades",
         "argus+ (unified) -AC",
@@ -237,7 +247,7 @@ def test_variant_runs_come_from_the_policies_that_declare_them():
     ]
     on = {label: profile for label, _, _, profile in runs}
     assert on["argus+ (unified) -SM"] == "unified" and on["argus+ (AC+SM)"] == "mixed" and on["argus+ -switch"] is None
-    assert dict(runs[13 + 3][2]) == {"paths": ("ac", "cascade")}  # -SM
+    assert dict(runs[15 + 3][2]) == {"paths": ("ac", "cascade")}  # -SM
     # without argus+ selected there is no unified run; without the switches, only the policies
     assert [label for label, *_ in variant_runs(ReplaySpec(policies=["argus", "diffserve"]))] == ["argus", "diffserve"]
 

@@ -73,7 +73,7 @@ class ArgusPlusOptions(ArgusOptions):
 
     admission: bool = True
     switch_aware: bool = True
-    backlog: bool = True
+    backlog: bool = False
     paths: tuple[str, ...] | None = None
     tiers: bool = True
     tier_weights: Mapping[str, float] | None = None
@@ -83,6 +83,7 @@ class ArgusPlusOptions(ArgusOptions):
     first_tier_headroom: float = 2.0
     threshold_points: int | None = 21
     measured: bool = True
+    pooled: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -105,7 +106,13 @@ class ArgusPlus(Argus, name="argus+", family="ac"):
     plans_mixed = True
     # each part switched off in turn (docs/policies.md, "argus+")
     ablations = MappingProxyType(
-        {"-admission": {"admission": False}, "-backlog": {"backlog": False}, "-switch": {"switch_aware": False}}
+        {
+            "-admission": {"admission": False},
+            "+backlog": {"backlog": True},
+            "-switch": {"switch_aware": False},
+            "-pooled": {"pooled": False},
+            "-measured": {"measured": False},
+        }
     )
     # the unified plan with one kind of path (or the tiers) taken away
     path_ablations = MappingProxyType(
@@ -123,6 +130,8 @@ class ArgusPlus(Argus, name="argus+", family="ac"):
     _mixed: bool = False
     _k0: dict[str, float] = {}  # noqa: RUF012 - replaced per plan, never mutated
     _urouting: UnifiedRouting | None = None
+    _planned: dict[str, str | None] = {}  # noqa: RUF012 - replaced per plan, never mutated
+    _pool_version: tuple[int, int] | None = None
 
     def setup(self) -> None:
         super().setup()
@@ -148,7 +157,9 @@ class ArgusPlus(Argus, name="argus+", family="ac"):
         if not self.unified:
             plan = super().plan(stats)
             scale = self._scale(stats)
-            return dataclasses.replace(plan, latency_scale=scale) if scale else plan
+            if scale:
+                plan = dataclasses.replace(plan, latency_scale=scale)
+            return self._pool(plan)
 
         profile = self.profile
         affinity = self.shares_for(profile, stats)
@@ -190,6 +201,52 @@ class ArgusPlus(Argus, name="argus+", family="ac"):
             predicted += queued * 60.0 / self.options.period_s
         return predicted
 
+    def _pooled_plan(self, plan: Plan) -> bool:
+        """Whether ``plan`` is an AC-ladder plan this policy publishes pooled (``pooled``)."""
+        return (
+            self.options.pooled
+            and plan.strategy is Strategy.AC
+            and plan.levels == self.primary.ids
+            and not is_mixed(self.primary)
+        )
+
+    def _pool(self, plan: Plan) -> Plan:
+        """Work-conserving AC (``pooled``): every AC worker holds SD-XL and K is a per-request
+        choice, so the plan publishes every worker at the ladder's K = 0 level (the other K levels
+        are its siblings, whose queues every worker pulls: ``Plan.unserved_siblings``, in the
+        simulator and the service alike) and keeps the allocation's F and PASM for routing. An idle
+        worker then takes queued work of any K instead of idling while another K's queue waits.
+        The allocation itself is kept (``_planned``) so that the next one moves from it."""
+        if not self._pooled_plan(plan):
+            self._planned = {}
+            return plan
+        self._planned = dict(plan.assignment)
+        base = {lv: self.primary.ac_base(lv).id for lv in plan.levels}
+        pooled = {w: (base[lv] if lv is not None else None) for w, lv in plan.assignment.items()}
+        return dataclasses.replace(plan, assignment=pooled, notes=(*plan.notes, "AC workers pooled (work-conserving)"))
+
+    def planned_current(self, profile, stats: ClusterStats) -> dict[str, str | None]:
+        if self._planned and profile is self.primary and not self.switching:
+            return {w: self._planned.get(w) for w in stats.workers}
+        return super().planned_current(profile, stats)
+
+    def routing(self, plan: Plan):
+        r = super().routing(plan)
+        if self._pooled_plan(plan) and self._pool_version != (plan.version, id(r)):
+            # every level of a pooled plan is served by every worker of the pool
+            pool = tuple(w for w, lv in plan.assignment.items() if lv is not None)
+            r.workers = tuple(pool for _ in plan.levels)
+            self._pool_version = (plan.version, id(r))
+        return r
+
+    def _will_pool(self, profile) -> bool:
+        return (
+            self.options.pooled
+            and profile.ids == self.primary.ids
+            and profile.strategies == {Strategy.AC}
+            and not is_mixed(self.primary)
+        )
+
     def _scale(self, stats: ClusterStats) -> dict[str, float]:
         """The measured latencies this plan is made with (``measured``; else the profile's)."""
         return dict(stats.latency_scale) if self.options.measured else {}
@@ -218,7 +275,8 @@ class ArgusPlus(Argus, name="argus+", family="ac"):
             time_limit_s=o.time_limit_s,
             # spare workers form a burst reserve at the fastest level, where deadline-aware
             # routing sends requests that would miss their deadline elsewhere
-            spare="fastest" if o.admission else "best",
+            # (a pooled plan has none: every worker takes every K, spare capacity goes to the best)
+            spare="fastest" if o.admission and not self._will_pool(profile) else "best",
         )
         if cache_free is None:
             return alloc
