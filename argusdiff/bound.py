@@ -232,16 +232,25 @@ def _hulls(work: np.ndarray, rel: np.ndarray, origin: bool) -> _Hulls:
     return _Hulls(W, Q, cnt)
 
 
-def _capacity(gpus: int, faults: Sequence[Any], bin_s: float, bins: int) -> np.ndarray:
-    """Worker-seconds of the up workers in each bin (workers off during ``gpus`` faults)."""
+def _capacity(gpus: int, faults: Sequence[Any], bin_s: float, bins: int, longest_s: float = 0.0) -> np.ndarray:
+    """Worker-seconds of the up workers in each bin (workers off during ``gpus`` faults). A ``slow``
+    fault with a factor F < 1 (workers faster than profiled) raises its workers' capacity by 1/F
+    over its interval and the longest batch after it (a batch started inside runs F times as long);
+    F >= 1 only lengthens work, which keeps the bound an upper bound as it is."""
     cap = np.full(bins, gpus * bin_s, dtype=np.float64)
     edges = np.arange(bins + 1) * bin_s
+
+    def overlap(start: float, end: float) -> np.ndarray:
+        lo = np.clip(start, edges[:-1], edges[1:])
+        hi = np.clip(end, edges[:-1], edges[1:])
+        return np.maximum(hi - lo, 0.0)
+
     for f in faults:
-        if getattr(f, "kind", None) != "gpus":
-            continue
-        lo = np.clip(f.start_s, edges[:-1], edges[1:])
-        hi = np.clip(f.end_s, edges[:-1], edges[1:])
-        cap -= f.count * np.maximum(hi - lo, 0.0)
+        kind = getattr(f, "kind", None)
+        if kind == "gpus":
+            cap -= f.count * overlap(f.start_s, f.end_s)
+        elif kind == "slow" and 0 < getattr(f, "factor", 1.0) < 1.0:
+            cap += f.count * (1.0 / f.factor - 1.0) * overlap(f.start_s, f.end_s + longest_s)
     return np.maximum(cap, 0.0)
 
 
@@ -308,7 +317,8 @@ def _instance(
     rel = np.stack([np.asarray(workload.relative[lv.id], dtype=np.float64)[used] for lv in levels], axis=1)
     last = int(ibin.max()) if n else 0
     bins = last + int(uniq.max()) + 1
-    cap = _capacity(gpus, faults, bin_s, bins)
+    longest = max(lv.latency(max(lv.batch_sizes)) for lv in levels)
+    cap = _capacity(gpus, faults, bin_s, bins, longest)
     if t0 < 0:
         notes.append("arrivals shifted to start at 0 s")
     # capacity groups (class, arrival bin) and request types (prompt, group)
@@ -559,10 +569,11 @@ def clairvoyant_bound(
     """The clairvoyant bound of ``workload`` on ``profile``'s levels (or ``levels``) with ``gpus``
     workers (see the module doc). ``slo_s``: the deployment SLO (default: the profile's); the
     requests' own SLOs follow the simulator's rule (:func:`request_slos`). ``faults``: the
-    simulator's :class:`~argusdiff.simulator.faults.Fault` list (workers off lower the capacity;
-    cache outages only remove options, so they are ignored). ``bin_s``: the time bin (default: the
-    shortest SLO / 8). ``windows``: how every window is written (``auto``: the backlog recursion
-    for one SLO class, else the flow; ``all``: one row per window, for small checks)."""
+    simulator's :class:`~argusdiff.simulator.faults.Fault` list (workers off lower the capacity,
+    workers faster than profiled raise it; cache outages and slow workers are ignored). ``bin_s``:
+    the time bin (default: the shortest SLO / 8). ``windows``: how every window is written
+    (``auto``: the backlog recursion for one SLO class, else the flow; ``all``: one row per
+    window, for small checks)."""
     if not isinstance(gpus, int) or gpus < 1:
         raise ConfigError(f"gpus: must be a whole number >= 1, got {gpus!r}")
     slo = float(slo_s) if slo_s is not None else profile.default_slo_s()

@@ -320,3 +320,20 @@ def test_the_cli_prints_the_bound_and_names_bad_options(capsys):
     ):
         assert main(["bound", "--trace", trace, *args] if args[0] != "--trace" else ["bound", *args]) == 2
         assert option in capsys.readouterr().err
+
+
+def test_faults_change_the_capacity():
+    from argusdiff.simulator.faults import Fault
+
+    wl = random_workload(3, n=80)
+    p = toy_profile()
+    base = clairvoyant_bound(wl, p, gpus=2, bin_s=0.5)
+    off = clairvoyant_bound(wl, p, gpus=2, bin_s=0.5, faults=[Fault("gpus", 0.0, 60.0, 1)])
+    slow = clairvoyant_bound(wl, p, gpus=2, bin_s=0.5, faults=[Fault("slow", 0.0, 60.0, 2, 2.0)])
+    fast = clairvoyant_bound(wl, p, gpus=2, bin_s=0.5, faults=[Fault("slow", 0.0, 60.0, 2, 0.5)])
+    one = clairvoyant_bound(wl, p, gpus=1, bin_s=0.5)
+    four = clairvoyant_bound(wl, p, gpus=4, bin_s=0.5)
+    assert off.served_quality == pytest.approx(one.served_quality)  # one of two off all along
+    assert slow.served_quality == pytest.approx(base.served_quality)  # slower: still a bound
+    assert fast.served_quality == pytest.approx(four.served_quality)  # twice as fast: twice the capacity
+    assert one.served_quality < base.served_quality < four.served_quality
