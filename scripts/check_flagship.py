@@ -73,7 +73,7 @@ CASES: tuple[Case, ...] = (
     Case("h-zipf", str(TRACES / "twitter_proteus_zipf_exponential_bursty_300.txt"), True, True, drop_slo=True),
     Case("h-medium", str(TRACES / "twitter_proteus_medium-normal_load_1x.txt"), True, True, drop_slo=True),
     Case("h-maf", str(TRACES / "diffserve_maf_4to32qps.txt"), True, True),
-    Case("h-diurnal", "diurnal:shape=azure,low=20,high=200,start=300,length=90,point=40s,seed=5", True, True),
+    Case("h-diurnal", "diurnal:shape=azure,low=20,high=200,start=250,length=90,point=40s,seed=5", True, True),
     Case("h-poisson", "poisson:qpm=150,duration=40m,seed=3", True, True),
 )
 
