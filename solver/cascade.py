@@ -191,6 +191,46 @@ def solve_cascade(
     """Solve DiffServe's MILP for one period. See the module doc."""
     t0 = time.perf_counter()
     check_backend(backend)
+    _check(
+        spec,
+        light,
+        heavy,
+        workers,
+        demand_qpm,
+        slo_s,
+        queue_light,
+        queue_heavy,
+        overprovision,
+        batch_sizes,
+        queue_model,
+    )
+    inp = _Inputs.of(
+        spec, light, heavy, workers, demand_qpm * overprovision, slo_s, demand_qpm, queue_light, queue_heavy,
+        arrival_heavy_qpm, batch_sizes, queue_model,
+    )  # fmt: skip
+    c, A, lo, hi, col_lo, col_hi, integ = _milp(inp)
+    res = solve_milp(c, A, lo, hi, col_lo, col_hi, integ, sense="max", backend=backend, time_limit_s=time_limit_s)
+    if res.ok:
+        return _solved(inp, np.rint(res.x).astype(int), res.backend, t0)
+    notes: list[str] = []
+    if res.status not in ("infeasible",):
+        notes.append(f"{res.backend} returned {res.status} ({res.message}); planning for maximum throughput")
+    return _saturated(inp, res.backend, notes, t0)
+
+
+def _check(
+    spec: CascadeSpec,
+    light: ApproxLevel,
+    heavy: ApproxLevel,
+    workers: int,
+    demand_qpm: float,
+    slo_s: float,
+    queue_light: float,
+    queue_heavy: float,
+    overprovision: float,
+    batch_sizes: Sequence[int],
+    queue_model: str,
+) -> None:
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
         raise ConfigError(f"workers: must be an integer >= 0, got {workers!r}")
     if not (math.isfinite(demand_qpm) and demand_qpm >= 0):
@@ -208,76 +248,90 @@ def solve_cascade(
     if light.id != spec.light or heavy.id != spec.heavy:
         raise ConfigError(f"cascade spec is {spec.light} -> {spec.heavy}, got levels {light.id} -> {heavy.id}")
 
-    D = demand_qpm * overprovision
-    ts = np.asarray(spec.thresholds, dtype=np.float64)
-    fs = np.asarray(spec.deferral, dtype=np.float64)
-    K = len(ts)
-    B = list(batch_sizes)
-    nb = len(B)
-    e1 = np.array([_light_latency(light, spec, b) for b in B])
-    e2 = np.array([heavy.latency(b) for b in B])
-    T1 = 60.0 * np.array(B) / e1
-    T2 = 60.0 * np.array(B) / e2
-    little = queue_model == "little"
-    if little:
-        q1 = _little(queue_light, demand_qpm)
-        rate2 = np.full(K, arrival_heavy_qpm) if arrival_heavy_qpm is not None else demand_qpm * fs
-        q2 = np.array([_little(queue_heavy, r) for r in rate2])
-        BIG_LAT = 1e6
-        q2 = np.where(np.isfinite(q2), q2, BIG_LAT)
-    else:  # drain model: waits are columns w1, w2 bounded below by the drain time of the plan
-        q1 = 0.0
-        q2 = np.zeros(K)
-    drain = (not little) and (queue_light > 0 or queue_heavy > 0)
 
-    # columns: z_k (K), s1_b (nb), s2_b (nb), x1_b (nb), x2_b (nb) [, w1, w2 (drain model)]
+@dataclass(frozen=True)
+class _Inputs:
+    """One period's MILP data: demand D (over-provisioned), the threshold grid ts and its deferral
+    fs, batch sizes B with each model's batch latency e and throughput T, and the queueing delays
+    (Little's law: q1, q2 per threshold; the drain model: wait columns instead)."""
+
+    workers: int
+    D: float
+    slo_s: float
+    ts: np.ndarray
+    fs: np.ndarray
+    B: list[int]
+    e1: np.ndarray
+    e2: np.ndarray
+    T1: np.ndarray
+    T2: np.ndarray
+    little: bool
+    q1: float
+    q2: np.ndarray
+    queue_light: float
+    queue_heavy: float
+
+    @classmethod
+    def of(
+        cls, spec, light, heavy, workers, D, slo_s, demand_qpm, queue_light, queue_heavy, arrival_heavy_qpm, B, model
+    ) -> _Inputs:
+        ts = np.asarray(spec.thresholds, dtype=np.float64)
+        fs = np.asarray(spec.deferral, dtype=np.float64)
+        B = list(B)
+        e1 = np.array([_light_latency(light, spec, b) for b in B])
+        e2 = np.array([heavy.latency(b) for b in B])
+        little = model == "little"
+        if little:
+            q1 = _little(queue_light, demand_qpm)
+            rate2 = np.full(len(ts), arrival_heavy_qpm) if arrival_heavy_qpm is not None else demand_qpm * fs
+            q2 = np.array([_little(queue_heavy, r) for r in rate2])
+            q2 = np.where(np.isfinite(q2), q2, 1e6)
+        else:  # drain model: waits are columns w1, w2 bounded below by the drain time of the plan
+            q1 = 0.0
+            q2 = np.zeros(len(ts))
+        T1 = 60.0 * np.array(B) / e1
+        T2 = 60.0 * np.array(B) / e2
+        return cls(workers, D, slo_s, ts, fs, B, e1, e2, T1, T2, little, q1, q2, queue_light, queue_heavy)
+
+    @property
+    def drain(self) -> bool:
+        """Whether the drain model's wait columns are in the MILP (a backlog on either model)."""
+        return (not self.little) and (self.queue_light > 0 or self.queue_heavy > 0)
+
+
+def _milp(inp: _Inputs):
+    """The MILP's (c, A, row_lo, row_hi, col_lo, col_hi, integrality). Columns: z_k (K), s1_b (nb),
+    s2_b (nb), x1_b (nb), x2_b (nb) [, w1, w2 (drain model)]."""
+    K, nb, workers, drain = len(inp.ts), len(inp.B), inp.workers, inp.drain
+    e1, e2, B = inp.e1, inp.e2, inp.B
     iz, is1, is2, ix1, ix2 = 0, K, K + nb, K + 2 * nb, K + 3 * nb
     iw1, iw2 = K + 4 * nb, K + 4 * nb + 1
     n = K + 4 * nb + (2 if drain else 0)
     rows, lo, hi = [], [], []
 
-    def add(coefs: dict[int, float] | np.ndarray, lo_v: float, hi_v: float) -> None:
+    def add(coefs: dict[int, float] | Sequence[tuple[slice, object]], lo_v: float, hi_v: float) -> None:
         r = np.zeros(n)
         if isinstance(coefs, dict):
             for j, c in coefs.items():
                 r[j] += c
         else:
-            r[:] = coefs
+            for sl, v in coefs:
+                r[sl] = v
         rows.append(r)
         lo.append(lo_v)
         hi.append(hi_v)
 
-    r = np.zeros(n)
-    r[iz : iz + K] = 1
-    add(r, 1, 1)  # one threshold
-    r = np.zeros(n)
-    r[is1 : is1 + nb] = 1
-    add(r, 1, 1)  # one light batch size
-    r = np.zeros(n)
-    r[is2 : is2 + nb] = 1
-    add(r, 1, 1)  # one heavy batch size
+    z, s1, s2 = slice(iz, iz + K), slice(is1, is1 + nb), slice(is2, is2 + nb)
+    x1, x2 = slice(ix1, ix1 + nb), slice(ix2, ix2 + nb)
+    add([(z, 1)], 1, 1)  # one threshold
+    add([(s1, 1)], 1, 1)  # one light batch size
+    add([(s2, 1)], 1, 1)  # one heavy batch size
     # Eq. 1: sum s1 e1 + q1 + sum s2 e2 + sum z q2 <= L
-    r = np.zeros(n)
-    r[is1 : is1 + nb] = e1
-    r[is2 : is2 + nb] = e2
-    r[iz : iz + K] = q2
-    if drain:
-        r[iw1] = r[iw2] = 1.0
-    add(r, -np.inf, slo_s - q1)
-    # Eq. 2: sum_b x1_b T1(b) >= D
-    r = np.zeros(n)
-    r[ix1 : ix1 + nb] = T1
-    add(r, D, np.inf)
-    # Eq. 3: sum_b x2_b T2(b) - D sum_k z_k f_k >= 0
-    r = np.zeros(n)
-    r[ix2 : ix2 + nb] = T2
-    r[iz : iz + K] = -D * fs
-    add(r, 0, np.inf)
-    # Eq. 4
-    r = np.zeros(n)
-    r[ix1 : ix1 + nb] = 1
-    r[ix2 : ix2 + nb] = 1
-    add(r, -np.inf, workers)
+    waits = [(slice(iw1, iw2 + 1), 1.0)] if drain else []
+    add([(s1, e1), (s2, e2), (z, inp.q2), *waits], -np.inf, inp.slo_s - inp.q1)
+    add([(x1, inp.T1)], inp.D, np.inf)  # Eq. 2: sum_b x1_b T1(b) >= D
+    add([(x2, inp.T2), (z, -inp.D * inp.fs)], 0, np.inf)  # Eq. 3: sum_b x2_b T2(b) - D sum_k z_k f_k >= 0
+    add([(x1, 1), (x2, 1)], -np.inf, workers)  # Eq. 4
     # link counts to the chosen batch size: x_b <= S * s_b
     for j in range(nb):
         add({ix1 + j: 1.0, is1 + j: -float(workers)}, -np.inf, 0)
@@ -286,12 +340,10 @@ def solve_cascade(
         # w_m >= Q_m e_m(b) / (b x_m) for the chosen b: a convex function of the integer count, exact
         # at every integer by its secants through (k, g(k)), (k+1, g(k+1)), k = 1..S; rows of batch
         # sizes not chosen are relaxed by M_b (x_b = 0 there). A backlog needs >= 1 worker.
-        for queue, ix, isb, iw, e in ((queue_light, ix1, is1, iw1, e1), (queue_heavy, ix2, is2, iw2, e2)):
+        for queue, ix, isb, iw, e in ((inp.queue_light, ix1, is1, iw1, e1), (inp.queue_heavy, ix2, is2, iw2, e2)):
             if queue <= 0:
                 continue
-            r = np.zeros(n)
-            r[ix : ix + nb] = 1
-            add(r, 1, np.inf)
+            add([(slice(ix, ix + nb), 1)], 1, np.inf)
             for j in range(nb):
                 cj = queue * e[j] / B[j]
                 M = 2.0 * cj
@@ -300,78 +352,80 @@ def solve_cascade(
                     # w + a x_b - M s_b >= c/k + a k - M
                     add({iw: 1.0, ix + j: a, isb + j: -M}, cj / k + a * k - M, np.inf)
     c = np.zeros(n)
-    c[iz : iz + K] = ts
+    c[z] = inp.ts
     # Secondary terms, together smaller than a tenth of the grid step so they never trade away
     # threshold: the lowest latency for the same t, then the fewest workers.
-    steps = np.diff(ts)
+    steps = np.diff(inp.ts)
     room = 0.1 * float(steps[steps > 0].min()) if np.any(steps > 0) else 1e-3
     w_lat = 0.5 * room / (float(e1.max() + e2.max()) + 1.0)
     w_wrk = 0.5 * room / (workers + 1.0)
     c[ix1 : ix1 + 2 * nb] = -w_wrk
-    c[is1 : is1 + nb] -= w_lat * e1
-    c[is2 : is2 + nb] -= w_lat * e2
+    c[s1] -= w_lat * e1
+    c[s2] -= w_lat * e2
     integ = np.ones(n, dtype=bool)
-    col_lo = np.zeros(n)
     col_hi = np.concatenate([np.ones(K + 2 * nb), np.full(2 * nb, float(workers))])
     if drain:
         c[iw1] = c[iw2] = -w_lat
         integ[iw1] = integ[iw2] = False
         col_hi = np.concatenate([col_hi, [np.inf, np.inf]])
-    A = np.vstack(rows)
-    res = solve_milp(
-        c, A, np.array(lo), np.array(hi), col_lo, col_hi, integ, sense="max", backend=backend, time_limit_s=time_limit_s
-    )
-    notes: list[str] = []
-    if res.ok:
-        x = np.rint(res.x).astype(int)
-        k = int(np.argmax(x[iz : iz + K]))
-        j1 = int(np.argmax(x[is1 : is1 + nb]))
-        j2 = int(np.argmax(x[is2 : is2 + nb]))
-        x1 = int(x[ix1 : ix1 + nb].sum())
-        x2 = int(x[ix2 : ix2 + nb].sum())
-        spare = workers - x1 - x2
-        if spare > 0:  # idle workers add headroom where utilisation is higher
-            u1 = D / (x1 * T1[j1]) if x1 else math.inf
-            u2 = D * fs[k] / (x2 * T2[j2]) if x2 else (math.inf if D * fs[k] > 0 else 0.0)
-            if u2 > u1:
-                x2 += spare
-            else:
-                x1 += spare
-        if little:
-            lat = e1[j1] + q1 + e2[j2] + q2[k]
+    return c, np.vstack(rows), np.array(lo), np.array(hi), np.zeros(n), col_hi, integ
+
+
+def _solved(inp: _Inputs, x: np.ndarray, backend: str, t0: float) -> CascadePlan:
+    """The plan of a solved MILP (``x`` rounded); idle workers add headroom where utilisation is higher."""
+    K, nb = len(inp.ts), len(inp.B)
+    B, D, fs, T1, T2 = inp.B, inp.D, inp.fs, inp.T1, inp.T2
+    k = int(np.argmax(x[:K]))
+    j1 = int(np.argmax(x[K : K + nb]))
+    j2 = int(np.argmax(x[K + nb : K + 2 * nb]))
+    x1 = int(x[K + 2 * nb : K + 3 * nb].sum())
+    x2 = int(x[K + 3 * nb : K + 4 * nb].sum())
+    spare = inp.workers - x1 - x2
+    if spare > 0:
+        u1 = D / (x1 * T1[j1]) if x1 else math.inf
+        u2 = D * fs[k] / (x2 * T2[j2]) if x2 else (math.inf if D * fs[k] > 0 else 0.0)
+        if u2 > u1:
+            x2 += spare
         else:
-            lat = e1[j1] + _drain(queue_light, e1[j1], B[j1], x1) + e2[j2] + _drain(queue_heavy, e2[j2], B[j2], x2)
-        return CascadePlan(
-            x_light=x1,
-            x_heavy=x2,
-            b_light=B[j1],
-            b_heavy=B[j2],
-            threshold=float(ts[k]),
-            deferral=float(fs[k]),
-            feasible=True,
-            saturated=False,
-            shortfall_qpm=0.0,
-            demand_qpm=D,
-            capacity_light_qpm=float(x1 * T1[j1]),
-            capacity_heavy_qpm=float(x2 * T2[j2]),
-            latency_s=float(lat),
-            solve_s=time.perf_counter() - t0,
-            backend=res.backend,
-        )
-    if res.status not in ("infeasible",):
-        notes.append(f"{res.backend} returned {res.status} ({res.message}); planning for maximum throughput")
-    # Saturated: every worker on the light model, lowest threshold, largest batch meeting the SLO.
-    # Drain model: a heavy backlog keeps one heavy worker (accepted work is never stranded).
-    k = int(np.argmin(fs))
-    x2s = 1 if (not little and queue_heavy > 0 and workers >= 2) else 0
-    x1s = workers - x2s
-    if not little:
-        q1s = np.array([_drain(queue_light, e1[j], B[j], x1s) for j in range(nb)])
-        q2s = _drain(queue_heavy, e2[0], B[0], x2s)
+            x1 += spare
+    e1, e2 = inp.e1, inp.e2
+    if inp.little:
+        lat = e1[j1] + inp.q1 + e2[j2] + inp.q2[k]
     else:
-        q1s = np.full(nb, q1)
-        q2s = float(q2[k])
-    lat_ok = [j for j in range(nb) if e1[j] + q1s[j] + e2[0] + q2s <= slo_s + 1e-9]
+        lat = e1[j1] + _drain(inp.queue_light, e1[j1], B[j1], x1) + e2[j2] + _drain(inp.queue_heavy, e2[j2], B[j2], x2)
+    return CascadePlan(
+        x_light=x1,
+        x_heavy=x2,
+        b_light=B[j1],
+        b_heavy=B[j2],
+        threshold=float(inp.ts[k]),
+        deferral=float(fs[k]),
+        feasible=True,
+        saturated=False,
+        shortfall_qpm=0.0,
+        demand_qpm=D,
+        capacity_light_qpm=float(x1 * T1[j1]),
+        capacity_heavy_qpm=float(x2 * T2[j2]),
+        latency_s=float(lat),
+        solve_s=time.perf_counter() - t0,
+        backend=backend,
+    )
+
+
+def _saturated(inp: _Inputs, backend: str, notes: list[str], t0: float) -> CascadePlan:
+    """Saturated: every worker on the light model, lowest threshold, largest batch meeting the SLO.
+    Drain model: a heavy backlog keeps one heavy worker (accepted work is never stranded)."""
+    B, D, e1, e2, T1, nb = inp.B, inp.D, inp.e1, inp.e2, inp.T1, len(inp.B)
+    k = int(np.argmin(inp.fs))
+    x2s = 1 if (not inp.little and inp.queue_heavy > 0 and inp.workers >= 2) else 0
+    x1s = inp.workers - x2s
+    if not inp.little:
+        q1s = np.array([_drain(inp.queue_light, e1[j], B[j], x1s) for j in range(nb)])
+        q2s = _drain(inp.queue_heavy, e2[0], B[0], x2s)
+    else:
+        q1s = np.full(nb, inp.q1)
+        q2s = float(inp.q2[k])
+    lat_ok = [j for j in range(nb) if e1[j] + q1s[j] + e2[0] + q2s <= inp.slo_s + 1e-9]
     feasible = bool(lat_ok)
     j1 = max(lat_ok, key=lambda j: T1[j]) if lat_ok else int(np.argmin(e1))
     cap1 = x1s * T1[j1]
@@ -380,22 +434,22 @@ def solve_cascade(
     if shortfall > 0:
         notes.append(f"demand {D:.1f} QPM cannot be met: light capacity {cap1:.1f} QPM at b={B[j1]}")
     if not feasible:
-        notes.append(f"no batch size meets the {slo_s:g} s latency bound with the observed queues")
+        notes.append(f"no batch size meets the {inp.slo_s:g} s latency bound with the observed queues")
     return CascadePlan(
         x_light=x1s,
         x_heavy=x2s,
         b_light=B[j1],
         b_heavy=B[0],
-        threshold=float(ts[k]),
-        deferral=float(fs[k]),
+        threshold=float(inp.ts[k]),
+        deferral=float(inp.fs[k]),
         feasible=feasible,
         saturated=saturated,
         shortfall_qpm=float(shortfall),
         demand_qpm=D,
         capacity_light_qpm=float(cap1),
-        capacity_heavy_qpm=float(x2s * T2[0]),
+        capacity_heavy_qpm=float(x2s * inp.T2[0]),
         latency_s=float(e1[j1] + q1s[j1] + e2[0] + q2s),
         solve_s=time.perf_counter() - t0,
-        backend=res.backend,
+        backend=backend,
         notes=tuple(notes),
     )

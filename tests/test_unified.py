@@ -20,7 +20,7 @@ from argusdiff.domain import CascadeSpec, Strategy
 from argusdiff.errors import ConfigError
 from argusdiff.policies.base import PlanRouting
 from argusdiff.profile import load_profile
-from solver import unified
+from solver import backends
 from solver.backends import SolveResult
 from solver.paths import (
     Pool,
@@ -305,7 +305,7 @@ def test_every_solver_failure_still_returns_a_valid_plan(monkeypatch):
     def broken(*_a, **_k):
         return SolveResult("error", None, None, "highs", "broken for the test")
 
-    monkeypatch.setattr(unified, "solve_milp", broken)
+    monkeypatch.setattr(backends, "solve_milp", broken)
     r = plan_unified(p, node_limit=1, gap=0.0)  # the search stops at once, the MILP fails
     assert r.backend in ("exact-incumbent", "fallback")
     check_feasible(p, r)
