@@ -28,6 +28,11 @@ Checks, each printed as ``ok`` or ``FAIL``:
    ``flux-fbc`` level) skips attention work, changes the result, and once the hook is removed the
    model gives the uncached run's latents bit for bit.
 
+8. **DiT edit**: an image edit on each tiny DiT, img2img (FluxImg2ImgPipeline,
+   StableDiffusion3Img2ImgPipeline) at strength 0.75 of N = 8 (6 transformer calls) and inpainting
+   with a mask (FluxInpaintPipeline, StableDiffusion3InpaintPipeline: 8), finite 64×64 images; on
+   the tiny FLUX.1 the edit with ``flux-fbc``'s First Block Cache skips attention work.
+
 ``--only NAME,...`` runs some of the checks (``--list`` names them); a test runs the DiT checks
 with ``--device cpu``.
 
@@ -151,6 +156,33 @@ def _check_feature_cache(registry) -> dict:
             "denoise_s_uncached": round(plain.denoise_s, 4)}  # fmt: skip
 
 
+def _check_dit_edit(registry) -> dict:
+    import numpy as np
+    from PIL import Image
+
+    from workers.demo import load_demo_profile
+    from workers.edits import edit
+
+    image = Image.new("RGB", (64, 64), (200, 30, 30))
+    mask = Image.new("L", (64, 64), 0)
+    mask.paste(255, (0, 0, 32, 32))
+    out: dict = {"ok": True}
+    for name in DIT_MODELS:
+        model = registry.load(name)
+        img2img, calls_img2img, *_ = edit(model, "make it blue", image, 5, strength=0.75, steps=8)
+        inpaint, calls_inpaint, *_ = edit(model, "a window", image, 5, mask=mask, strength=1.0, steps=8)
+        finite = all(bool(np.isfinite(np.asarray(i, dtype=np.float32)).all()) for i in (img2img, inpaint))
+        ok = (calls_img2img, calls_inpaint) == (6, 8) and finite and img2img.size == inpaint.size == (64, 64)
+        out["ok"] = out["ok"] and ok
+        out[name] = {"ok": ok, "calls_img2img": calls_img2img, "calls_inpaint": calls_inpaint}
+    level = load_demo_profile("demo-cpu-flux").level("flux-fbc")
+    *_, rate = edit(registry.load(level.model), "make it blue", image, 5, strength=0.75, steps=level.steps,
+                    feature_cache=level.feature_cache)  # fmt: skip
+    out["ok"] = out["ok"] and rate is not None and rate > 0
+    out["feature_cache_hit_rate"] = rate
+    return out
+
+
 def _check_cascade(registry, device: str) -> dict:
     from classifiers.discriminator import Discriminator
     from workers.cascade import CascadeExecutor
@@ -212,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--list", action="store_true", help="print the checks' names and exit")
     args = ap.parse_args(argv)
     names = ("generate", "ac_capture_resume", "cascade", "profile_measure", "dit_generate", "dit_resume",
-             "feature_cache")  # fmt: skip
+             "feature_cache", "dit_edit")  # fmt: skip
     if args.list:
         print("\n".join(names))
         return 0
@@ -242,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         "dit_generate": lambda: _check_dit_generate(registry, args.device, args.dtype),
         "dit_resume": lambda: _check_dit_resume(registry),
         "feature_cache": lambda: _check_feature_cache(registry),
+        "dit_edit": lambda: _check_dit_edit(registry),
     }
     checks = {name: checks[name] for name in chosen}
     for name, check in checks.items():

@@ -3,7 +3,7 @@
 #   scripts/gpu_checks.sh [OUT_DIR] [DEVICE]
 # 1. scripts/check_cuda_path.py in float16 and bfloat16 (tiny demo models, no weights needed): SD-XL/SD
 #    generate, AC resume, cascade, profile measure, and the DiT checks (tiny FLUX.1 and SD3 on the
-#    device in that dtype, bit-exact flow-matching resume, a First Block Cache level);
+#    device in that dtype, bit-exact flow-matching resume, a First Block Cache level, DiT edits);
 # 2. the router's prompt stage with its MiniLM on the GPU (scripts/bench_router_encoder.py);
 # 3. the cascade discriminator's latency on the GPU (scripts/bench_classifier.py).
 # Everything goes to OUT_DIR/log.txt and the reports under OUT_DIR/<dtype>/. Each step has a time

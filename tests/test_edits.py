@@ -118,3 +118,89 @@ def test_edits_with_the_client_and_the_wrong_content_type(server):
     two = [("image", ("a.png", _png())), ("image", ("b.png", _png()))]
     twice = httpx.post(f"{server.url}/v1/images/edits", files=two, data={"prompt": "a"})
     assert twice.status_code == 400 and twice.json()["error"]["param"] == "image"
+
+
+# ---- DiT levels: FLUX.1 and SD3 edits -------------------------------------------------------------
+
+SD3_PROFILE = """
+name = "edits-sd3"
+gpu = "cpu"
+description = "test: one level on the tiny SD3-shaped pipeline (random weights)"
+slo_s = 2.0
+
+[[levels]]
+id = "sd3"
+strategy = "sm"
+model = "demo-tiny-sd3"
+steps = 8
+latency_s = { 1 = 0.05 }   # nominal: a pipeline check
+quality = 1.0
+load_time_s = 1.0
+"""
+
+
+def _denoiser_calls(monkeypatch, cls_name: str) -> list:
+    import diffusers
+
+    cls = getattr(diffusers, cls_name)
+    calls: list[int] = []
+    original = cls.forward
+
+    def forward(module, *args, **kwargs):
+        calls.append(1)
+        return original(module, *args, **kwargs)
+
+    monkeypatch.setattr(cls, "forward", forward)
+    return calls
+
+
+@pytest.mark.parametrize(
+    ("profile", "denoiser"), [("demo-cpu-flux", "FluxTransformer2DModel"), ("sd3", "SD3Transformer2DModel")]
+)
+def test_edits_on_dit_levels(profile, denoiser, live_service, demo_models_dir, tmp_path, monkeypatch):
+    """An edit routed to a FLUX.1 level runs FluxImg2ImgPipeline / FluxInpaintPipeline, one routed
+    to an SD3 level StableDiffusion3Img2ImgPipeline / StableDiffusion3InpaintPipeline, over the
+    loaded model's components: strength x N steps of its flow-matching schedule."""
+    from PIL import Image
+
+    if profile == "sd3":
+        path = tmp_path / "edits-sd3.toml"
+        path.write_text(SD3_PROFILE)
+        profile = str(path)
+    calls = _denoiser_calls(monkeypatch, denoiser)
+    settings = demo_model_settings(demo_models_dir, tmp_path / "cache", policy="argus", profile=profile)
+    server = live_service(settings)
+    client = _client(server)
+    out = client.images.edit(image=("in.png", _png(), "image/png"), prompt="make it blue", response_format="b64_json")
+    assert Image.open(io.BytesIO(base64.b64decode(out.data[0].b64_json))).size == (64, 64)
+    assert len(calls) == 6  # strength 0.75 of the level's 8 steps
+    calls.clear()
+    out = client.images.edit(
+        image=("in.png", _png(), "image/png"),
+        mask=("mask.png", _png(mode="RGBA", hole=32), "image/png"),
+        prompt="a window",
+        n=2,
+        response_format="b64_json",
+    )
+    assert len(out.data) == 2 and len(calls) == 16  # inpainting: all 8 steps inside the mask, twice
+    calls.clear()
+    out = client.images.edit(image=("in.png", _png((128, 128)), "image/png"), prompt="a door",
+                             extra_body={"strength": 0.5})  # fmt: skip
+    assert out.data[0].url.startswith(server.url) and len(calls) == 4
+    png = httpx.get(out.data[0].url)
+    assert png.status_code == 200 and Image.open(io.BytesIO(png.content)).size == (64, 64)
+
+
+def test_every_family_has_edit_pipelines():
+    """No level can be routed an edit its model's family cannot serve: every family the registry
+    knows has an img2img and an inpainting pipeline in diffusers."""
+    import typing
+
+    import diffusers
+
+    from workers.edits import EDIT_PIPELINES
+    from workers.registry import FAMILY_PIPELINES, Family
+
+    assert set(EDIT_PIPELINES) == set(typing.get_args(Family)) == set(FAMILY_PIPELINES)
+    for img2img, inpaint in EDIT_PIPELINES.values():
+        assert callable(getattr(diffusers, img2img)) and callable(getattr(diffusers, inpaint))

@@ -121,3 +121,23 @@ def test_generate_runs_every_level_kind_of_the_dit_demo(level, monkeypatch, demo
     result = json.loads(capsys.readouterr().out)
     assert out.read_bytes().startswith(b"\x89PNG") and result["level"] == level
     assert result["unet_calls"] == {"flux-k0": 8, "flux-fbc": 8, "flux-k2": 8, "schnell": 2}[level]
+
+
+def test_an_edit_on_a_feature_cache_level_runs_with_its_cache(demo_registry):
+    """diffusers' FLUX img2img pipeline names no cache context; the edit runs in one, with the
+    level's First Block Cache: the same steps, part of the attention work skipped, the model left
+    as it was (an edit without the cache afterwards equals one before)."""
+    import numpy as np
+    from PIL import Image
+
+    from workers.edits import edit
+
+    model = demo_registry.load("demo-tiny-flux")
+    img = Image.new("RGB", (64, 64), (200, 30, 30))
+    plain, calls, *_, rate = edit(model, "make it blue", img, 3, strength=0.75)
+    assert (calls, rate) == (6, None)
+    fbc = {"method": "first_block", "threshold": 0.3}
+    cached, calls, *_, rate = edit(model, "make it blue", img, 3, strength=0.75, feature_cache=fbc)
+    assert calls == 6 and 0.0 < rate < 1.0 and not np.array_equal(np.asarray(plain), np.asarray(cached))
+    again, *_ = edit(model, "make it blue", img, 3, strength=0.75)
+    assert np.array_equal(np.asarray(plain), np.asarray(again))

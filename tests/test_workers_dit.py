@@ -179,7 +179,7 @@ def test_check_cuda_path_runs_the_dit_checks_on_cpu(demo_models_dir, tmp_path, c
     spec = importlib.util.spec_from_file_location("check_cuda_path", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    argv = ["--device", "cpu", "--dtype", "float32", "--only", "dit_generate,dit_resume,feature_cache",
+    argv = ["--device", "cpu", "--dtype", "float32", "--only", "dit_generate,dit_resume,feature_cache,dit_edit",
             "--out", str(tmp_path), "--models-dir", demo_models_dir]  # fmt: skip
     assert script.main(argv) == 0, capsys.readouterr().out
     report = json.loads((tmp_path / "report.json").read_text())
@@ -187,6 +187,7 @@ def test_check_cuda_path_runs_the_dit_checks_on_cpu(demo_models_dir, tmp_path, c
     assert all(report["dit_resume"][m]["bit_exact"] for m in ("demo-tiny-flux", "demo-tiny-sd3"))
     assert report["dit_generate"]["demo-tiny-flux"]["transformer_dtype"] == "torch.float32"
     assert report["feature_cache"]["hit_rate"] > 0 and report["feature_cache"]["restored_bit_exact"]
+    assert report["dit_edit"]["ok"] and report["dit_edit"]["demo-tiny-sd3"]["calls_inpaint"] == 8
     with pytest.raises(SystemExit) as exc:
         script.main(["--only", "nope"])
     assert exc.value.code == 2

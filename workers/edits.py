@@ -3,10 +3,16 @@
 An edit item carries its input image (``meta["edit_image"]``: base64 PNG, already resized by the
 router to the size the level serves), optionally a mask (``meta["edit_mask"]``: base64 PNG, white
 where the image is repainted) and the edit's strength (``meta["edit_strength"]``). The level's own
-model runs it with the img2img or inpainting pipeline built from its components
-(``StableDiffusion[XL]Img2ImgPipeline`` / ``StableDiffusion[XL]InpaintPipeline``, sharing the loaded
-weights; a plain 4-channel UNet inpaints by blending the masked latents every step, as diffusers
-does): ``strength × N`` denoising steps from the re-noised image (at least one).
+model runs it with the img2img or inpainting pipeline of its family built from its components
+(:data:`EDIT_PIPELINES`: ``StableDiffusion[XL]Img2ImgPipeline`` / ``StableDiffusion[XL]InpaintPipeline``,
+``FluxImg2ImgPipeline`` / ``FluxInpaintPipeline``, ``StableDiffusion3Img2ImgPipeline`` /
+``StableDiffusion3InpaintPipeline``), sharing the loaded weights (a plain 4-channel UNet, and the
+DiTs, inpaint by blending the masked latents every step, as diffusers does): ``strength × N``
+denoising steps from the re-noised image (at least one). On a flow-matching family the image is
+re-noised along the flow (``σ·noise + (1 − σ)·latent``, the pipelines' ``scale_noise``) and the
+schedule is the family's own, FLUX.1's resolution-dependent shift included. An edit routed to a
+feature-cache level runs with that level's cache hook on the denoiser (``feature_cache_hit_rate``
+in its timings), as the level's generations do.
 
 :func:`run_with_edits` is how the worker loop runs a batch: its edit items run here one by one on
 the executor's model (each its own image), the rest go to the executor as before, so an edit routed to an
@@ -18,6 +24,7 @@ deployment's safety checker checks its image like any other (``ModelExecutor._re
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import math
 import time
@@ -27,11 +34,29 @@ from typing import Any
 from workers.cancel import Cancelled, CancelWatch
 from workers.messages import WorkItem, WorkResult
 
-__all__ = ["EDIT_IMAGE", "EDIT_MASK", "EDIT_STRENGTH", "edit", "is_edit", "run_with_edits"]
+__all__ = [
+    "EDIT_IMAGE",
+    "EDIT_MASK",
+    "EDIT_PIPELINES",
+    "EDIT_STRENGTH",
+    "edit",
+    "edit_steps",
+    "is_edit",
+    "run_with_edits",
+]
 
 EDIT_IMAGE = "edit_image"
 EDIT_MASK = "edit_mask"
 EDIT_STRENGTH = "edit_strength"
+
+#: The diffusers (img2img, inpainting) pipeline classes of each family
+#: (:data:`workers.registry.FAMILY_PIPELINES` names the text-to-image one).
+EDIT_PIPELINES: dict[str, tuple[str, str]] = {
+    "sd": ("StableDiffusionImg2ImgPipeline", "StableDiffusionInpaintPipeline"),
+    "sdxl": ("StableDiffusionXLImg2ImgPipeline", "StableDiffusionXLInpaintPipeline"),
+    "flux": ("FluxImg2ImgPipeline", "FluxInpaintPipeline"),
+    "sd3": ("StableDiffusion3Img2ImgPipeline", "StableDiffusion3InpaintPipeline"),
+}
 
 
 def is_edit(item: WorkItem) -> bool:
@@ -45,23 +70,35 @@ def _image(b64: str, mode: str) -> Any:
 
 
 def _pipeline(model: Any, inpaint: bool) -> Any:
-    """The img2img or inpainting pipeline over ``model``'s loaded components (built once)."""
+    """The img2img or inpainting pipeline of ``model``'s family over its loaded components (built
+    once)."""
     key = f"edit:{'inpaint' if inpaint else 'img2img'}"
     pipe = model.extras.get(key)
     if pipe is None:
+        import inspect
+
         import diffusers
 
-        xl = model.spec.family == "sdxl"
-        name = ("StableDiffusionXL" if xl else "StableDiffusion") + (
-            "InpaintPipeline" if inpaint else "Img2ImgPipeline"
-        )
-        comps = dict(model.pipe.components)
-        if not xl:
+        from workers.errors import WorkerError
+
+        names = EDIT_PIPELINES.get(model.spec.family)
+        if names is None:
+            raise WorkerError(f"model {model.spec.name!r}: family {model.spec.family!r} has no edit pipeline")
+        cls = getattr(diffusers, names[1] if inpaint else names[0])
+        takes = inspect.signature(cls.__init__).parameters
+        comps = {k: v for k, v in model.pipe.components.items() if k in takes}
+        if "safety_checker" in takes:  # SD-1.x/2.x: the deployment's own checker judges ([safety])
             comps.update(safety_checker=None, feature_extractor=None, requires_safety_checker=False)
-        pipe = getattr(diffusers, name)(**comps)
+        pipe = cls(**comps)
         pipe.set_progress_bar_config(disable=True)
         model.extras[key] = pipe
     return pipe
+
+
+def edit_steps(n: int, strength: float) -> int:
+    """Denoising steps an edit of N steps at ``strength`` runs (diffusers' ``get_timesteps``: the
+    schedule's last ``min(N·strength, N)`` steps, the start rounded down)."""
+    return n - int(max(n - min(n * strength, n), 0))
 
 
 def edit(
@@ -74,12 +111,15 @@ def edit(
     strength: float = 0.75,
     steps: int | None = None,
     cancel: CancelWatch | None = None,
-) -> tuple[Any, int, float, float]:
-    """(PIL image, denoising-network calls, denoise s, decode s) of one edit; raises
-    :class:`~workers.cancel.Cancelled` when cancelled mid-run."""
+    feature_cache: Any = None,
+) -> tuple[Any, int, float, float, float | None]:
+    """(PIL image, denoising-network calls, denoise s, decode s, feature-cache hit rate or None)
+    of one edit; raises :class:`~workers.cancel.Cancelled` when cancelled mid-run."""
     import torch
 
-    from workers.pipelines import UnetCounter, _generators, _Stop, _sync, decode
+    from workers.feature_cache import applied, denoiser
+    from workers.pipelines import StepCounter, _generators, _hit_rate, _Stop, _sync, call_kwargs, decode
+    from workers.registry import FLOW_FAMILIES
 
     spec = model.spec
     n = steps or spec.steps
@@ -91,8 +131,22 @@ def edit(
         stop.after(p, i + 1)
         return kwargs
 
-    extra = {"mask_image": mask} if mask is not None else {}
-    with model.lock, UnetCounter(model.pipe) as counter, torch.inference_mode():
+    extra: dict[str, Any] = {"mask_image": mask} if mask is not None else {}
+    if mask is not None or spec.family in FLOW_FAMILIES:  # the DiTs' img2img takes the size too
+        extra.update(height=spec.height, width=spec.width)
+    run = edit_steps(n, strength)
+    net = denoiser(model.pipe)
+    # the text-to-image pipelines name each denoiser call's cache context ("cond"); diffusers'
+    # img2img/inpainting pipelines do not, so an edit with a feature cache runs in one: every call
+    # of these edits is the conditional one (FLUX.1 embeds its guidance, SD-x and SD3 batch CFG)
+    context = net.cache_context("cond") if feature_cache else contextlib.nullcontext()
+    with (
+        model.lock,
+        StepCounter(model.pipe) as counter,
+        applied(model, feature_cache, run, pipe) as fc,
+        context,
+        torch.inference_mode(),
+    ):
         t0 = time.perf_counter()
         out = pipe(
             prompt,
@@ -104,7 +158,7 @@ def edit(
             output_type="latent",
             callback_on_step_end=on_step_end if stop.active else None,
             callback_on_step_end_tensor_inputs=["latents"],
-            **({"height": spec.height, "width": spec.width} if mask is not None else {}),
+            **call_kwargs(model),
             **extra,
         )
         _sync(model)
@@ -112,7 +166,7 @@ def edit(
     stop.raise_if_stopped(n, counter.calls)
     t1 = time.perf_counter()
     images = decode(model, out.images)
-    return images[0], counter.calls, denoise_s, time.perf_counter() - t1
+    return images[0], counter.calls, denoise_s, time.perf_counter() - t1, _hit_rate(fc, counter.calls)
 
 
 def run_with_edits(executor: Any, items: Sequence[WorkItem]) -> list[WorkResult]:
@@ -134,7 +188,7 @@ def _edit(executor: Any, item: WorkItem) -> WorkResult:
     seed = seeds_of([item])[0]
     mask = item.meta.get(EDIT_MASK)
     try:
-        image, calls, denoise_s, decode_s = edit(
+        image, calls, denoise_s, decode_s, hit_rate = edit(
             executor.loaded,
             item.prompt,
             _image(item.meta[EDIT_IMAGE], "RGB"),
@@ -143,8 +197,11 @@ def _edit(executor: Any, item: WorkItem) -> WorkResult:
             strength=float(item.meta.get(EDIT_STRENGTH) or 0.75),
             steps=executor.level.steps,
             cancel=CancelWatch([item]),
+            feature_cache=executor.level.feature_cache,
         )
     except Cancelled as exc:
         return ModelExecutor.cancelled([item], exc, started)[0]
     timings = {"queue_wait_s": queue_wait(item, started), "denoise_s": denoise_s, "decode_s": decode_s}
+    if hit_rate is not None:
+        timings["feature_cache_hit_rate"] = hit_rate
     return executor._result(item, seed, image, timings, unet_calls=calls)

@@ -108,9 +108,14 @@ class AttentionCounter:
 
 
 @contextlib.contextmanager
-def applied(model: Any, spec: Mapping[str, Any] | None, steps: int) -> Iterator[AttentionCounter | None]:
+def applied(
+    model: Any, spec: Mapping[str, Any] | None, steps: int, pipe: Any = None
+) -> Iterator[AttentionCounter | None]:
     """Within the block, ``model``'s denoiser runs with the feature cache ``spec`` (None: as it
-    is); yields an :class:`AttentionCounter` (None without a cache). Callers hold ``model.lock``."""
+    is); yields an :class:`AttentionCounter` (None without a cache). ``pipe``: the pipeline that
+    runs it when it is not ``model.pipe`` (an edit's img2img/inpainting pipeline over the same
+    denoiser: its current timestep is the one the caches that ask for it read). Callers hold
+    ``model.lock``."""
     if not spec:
         yield None
         return
@@ -120,7 +125,7 @@ def applied(model: Any, spec: Mapping[str, Any] | None, steps: int) -> Iterator[
             f"model {model.spec.name!r}: its denoiser ({type(net).__name__}) takes no diffusers feature cache "
             f"(feature_cache {spec.get('method')!r})"
         )
-    config = build_config(spec, model.pipe, steps)
+    config = build_config(spec, model.pipe if pipe is None else pipe, steps)
     if getattr(net, "is_cache_enabled", False):  # left by a run that died mid-way
         net.disable_cache()
     net.enable_cache(config)
