@@ -9,7 +9,7 @@ computes per-minute metrics and summaries; :mod:`argusdiff.report` writes the ou
 
 Each policy runs on the profile of its family (``Policy.family``, given where it registers):
 ARGUS-style policies (argus, argus+, pac, nirvana) on the approximate-caching profile (those with
-``uses_fallback``, argus and argus+, switch to the smaller-model profile when the cache degrades),
+``uses_fallback``, argus, argus+ and pac, switch to the smaller-model profile when the cache degrades),
 the model-ladder baselines (proteus, sommelier, clipper-ha, clipper-ht) on the smaller-model
 profile, and the cascades (diffserve, diffserve-static) on the cascade profile. All
 three profiles share SD-XL 50 steps as their best level (``cascade-sdxlltn-sdxl``'s heavy model),

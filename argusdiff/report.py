@@ -22,7 +22,44 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["format_table", "plot_figures", "summary_json", "write_outputs"]
+__all__ = [
+    "COLUMNS",
+    "format_table",
+    "level_mix_lines",
+    "plot_figures",
+    "reading_notes",
+    "summary_json",
+    "write_outputs",
+]
+
+#: the comparison table's columns: (header, what it means) — the terminal table's footer and
+#: report.html's legend say the same
+COLUMNS: tuple[tuple[str, str], ...] = (
+    (
+        "policy",
+        "the policy (a suffix `-x`: the policy with part x switched off; `(unified)`: argus+ planning "
+        "every path of the deployment profile)",
+    ),
+    ("profile", "the deployment profile it ran on (its levels, latencies and quality table)"),
+    ("SLO viol", "share of requests not served within their SLO; a dropped or refused request counts as violated"),
+    (
+        "rel.qual",
+        "mean quality of the requests served within the SLO, relative to each prompt's best level of its profile",
+    ),
+    ("eff.qual", "the same in the quality table's raw score"),
+    ("goodput", "requests served within the SLO per minute, counted in the minute they arrived"),
+    ("thrpt", "requests served per minute, counted in the minute they finished"),
+    ("util", "busy worker-seconds over up worker-seconds (model loads are not busy time)"),
+    ("switch", "model loads started (blocking and in the background)"),
+    ("p99 s", "99th percentile latency of the served requests"),
+    ("dropped", "requests the policy itself dropped (DiffServe's rule: wait + runtime > 1.5 x SLO)"),
+    ("refused", "requests admission refused after the policy routed them (the service's 429)"),
+)
+GAP_COLUMN = (
+    "gap",
+    "the clairvoyant bound's relative quality at the policy's violation ratio minus the policy's, in points "
+    "(docs/bound.md)",
+)
 
 METRIC_COLUMNS = (
     "offered_qpm",
@@ -53,22 +90,20 @@ def format_table(result) -> str:
     w = max(19, 2 + max((len(label) for label in result.summaries), default=0), 2 + len(BOUND_LABEL) if bounds else 0)
     head = (
         f"{'policy':<{w}}{'profile':<22}{'SLO viol':>9}{'rel.qual':>9}{'eff.qual':>9}{'goodput':>9}"
-        f"{'thrpt':>8}{'util':>6}{'switch':>7}{'p99 s':>8}{'dropped':>8}" + (f"{'gap':>7}" if bounds else "")
+        f"{'thrpt':>8}{'util':>6}{'switch':>7}{'p99 s':>8}{'dropped':>8}{'refused':>8}"
+        + (f"{'gap':>7}" if bounds else "")
     )
     lines = [head, "-" * len(head)]
-    for label, s in result.summaries.items():
-        gap = _fmt(100 * s.get("bound_gap", float("nan")), "7.1f") if bounds else ""
+    for label, row in table_rows(result):
+        gap = _fmt(100 * result.summaries[label].get("bound_gap", float("nan")), "7.1f") if bounds else ""
         lines.append(
-            f"{label:<{w}}{s.get('profile')!s:<22}{_fmt(100 * s['slo_violation_ratio'], '8.1f')}%"
-            f"{_fmt(100 * s['relative_quality'], '8.1f')}%{_fmt(s['effective_quality'], '9.2f')}"
-            f"{_fmt(s['goodput_qpm'], '9.1f')}{_fmt(s['throughput_qpm'], '8.1f')}"
-            f"{_fmt(100 * s['gpu_utilization'], '5.0f')}%{s['model_switches']:>7d}"
-            f"{_fmt(s['latency_p99_s'], '8.1f')}{s['dropped']:>8d}{gap:>7}"
+            f"{label:<{w}}{row[0]:<22}{row[1]:>9}{row[2]:>9}{row[3]:>9}{row[4]:>9}{row[5]:>8}{row[6]:>6}"
+            f"{row[7]:>7}{row[8]:>8}{row[9]:>8}{row[10]:>8}{gap:>7}"
         )
     for name, b in bounds.items():
         lines.append(
             f"{BOUND_LABEL:<{w}}{name:<22}{_fmt(100 * b.min_violation, '8.1f')}%{_fmt(100 * b.quality, '8.1f')}%"
-            f"{'-':>9}{'-':>9}{'-':>8}{'-':>6}{'-':>7}{'-':>8}{'-':>8}{'-':>7}"
+            f"{'-':>9}{'-':>9}{'-':>8}{'-':>6}{'-':>7}{'-':>8}{'-':>8}{'-':>8}{'-':>7}"
         )
     if bounds:
         lines.append(
@@ -76,8 +111,23 @@ def format_table(result) -> str:
             "schedule could have and the best relative quality at them; gap: the bound's relative quality at the "
             "policy's violation ratio minus the policy's, in points"
         )
+    return "\n".join(lines + footer_lines(result))
+
+
+def footer_lines(result) -> list[str]:
+    """What follows the comparison table: tiers, the domination check, level mixes, how to read
+    the numbers, then the run's settings."""
+    lines: list[str] = []
     lines += format_tier_table(result)
     lines += format_domination(result)
+    mix = level_mix_lines(result)
+    if mix:
+        lines += ["", "level mix (share of the served requests per level; K = denoising steps skipped from the cache):"]
+        lines += [f"  {line}" for line in mix]
+    notes = reading_notes(result)
+    if notes:
+        lines += ["", "how to read it:"]
+        lines += [f"  - {n}" for n in notes]
     p = result.provenance
     lines.append("")
     lines.append(
@@ -90,12 +140,10 @@ def format_table(result) -> str:
     if p.get("predictor"):
         lines.append(f"demand predictor: {p['predictor']}")
     if p.get("admission"):
-        refused = ", ".join(
-            f"{k} {s.get('refused', 0)} ({s.get('false_refusals', 0)})" for k, s in result.summaries.items()
-        )
+        false = ", ".join(f"{k} {s.get('false_refusals', 0)}" for k, s in result.summaries.items())
         lines.append(
-            f"admission: {p['admission']}; refused (in dropped; in brackets the false refusals, which "
-            f"would have met their SLO, as simulated): {refused}"
+            f"admission: {p['admission']} (its refusals: the `refused` column); false refusals (refused requests "
+            f"that would have met their SLO, as simulated): {false}"
         )
     if p.get("static_peak"):
         lines.append(f"peak: {p['static_peak']}")
@@ -121,7 +169,88 @@ def format_table(result) -> str:
         lines.append(f"faults: {p['faults']}")
     if p.get("slo_note"):
         lines.append(f"SLOs: {p['slo_note']}")
-    return "\n".join(lines)
+    return lines
+
+
+def table_rows(result) -> list[tuple[str, tuple[str, ...]]]:
+    """The comparison table's cells per policy (after the label), formatted as printed."""
+    out = []
+    for label, s in result.summaries.items():
+        refused = int(s.get("refused", 0))
+        out.append(
+            (
+                label,
+                (
+                    str(s.get("profile")),
+                    f"{_fmt(100 * s['slo_violation_ratio'], '.1f')}%",
+                    f"{_fmt(100 * s['relative_quality'], '.1f')}%",
+                    _fmt(s["effective_quality"], ".2f"),
+                    _fmt(s["goodput_qpm"], ".1f"),
+                    _fmt(s["throughput_qpm"], ".1f"),
+                    f"{_fmt(100 * s['gpu_utilization'], '.0f')}%",
+                    str(s["model_switches"]),
+                    _fmt(s["latency_p99_s"], ".1f"),
+                    str(int(s["dropped"]) - refused),
+                    str(refused),
+                ),
+            )
+        )
+    return out
+
+
+def level_mix_lines(result, *, least: float = 0.005) -> list[str]:
+    """Each policy's level mix in its levels' order (slowest/best first): the share of its served
+    requests at each level of at least ``least``, the rest summed as "other"."""
+    lines = []
+    for label, s in result.summaries.items():
+        mix = list((s.get("level_mix") or {}).items())
+        if not mix:
+            continue
+        shown = ", ".join(f"{lv} {100 * share:.0f}%" for lv, share in mix if share >= least)
+        rest = sum(share for _lv, share in mix if share < least)
+        lines.append(f"{label}: {shown}" + (f", other {100 * rest:.1f}%" if rest > 0 else ""))
+    return lines
+
+
+def reading_notes(result) -> list[str]:
+    """Plain sentences for what the table's numbers can be mistaken for, each only when it applies."""
+    s = result.summaries
+    notes = []
+    above = [lb for lb, v in s.items() if _num(v.get("goodput_qpm")) > _num(v.get("throughput_qpm")) + 1e-9]
+    if above:
+        notes.append(
+            f"Goodput is above throughput for {', '.join(above)}: goodput counts a request in the minute it arrived, "
+            "throughput in the minute it finished, and both average over the minutes with arrivals, so requests "
+            "that finish after the trace's last minute count in goodput only. Nothing is served twice."
+        )
+    dropped = [lb for lb, v in s.items() if int(v.get("dropped", 0)) - int(v.get("refused", 0)) > 0]
+    refused = [lb for lb, v in s.items() if int(v.get("refused", 0)) > 0]
+    if dropped or refused:
+        notes.append(
+            "`dropped` are requests the policy itself gave up on"
+            + (f" ({', '.join(dropped)})" if dropped else "")
+            + " (DiffServe's own rule drops a query whose wait plus runtime exceeds 1.5 x its SLO); `refused` are "
+            "requests admission turned away after the policy routed them"
+            + (f" ({', '.join(refused)})" if refused else "")
+            + ", as the service answers 429. Both count as SLO violations."
+        )
+    profiles = {str(v.get("profile")) for v in s.values()}
+    synthetic = any(str(q).startswith("SYNTHETIC") for q in (result.provenance.get("quality") or {}).values())
+    if len(profiles) > 1 and synthetic:
+        notes.append(
+            "Relative quality compares policies on the same profile. Each profile's SYNTHETIC quality table is "
+            "drawn separately, so across profiles (and in the domination check, which compares every row) it "
+            "compares the tables as much as the policies; a level two profiles share has the same scores in both."
+        )
+    return notes
+
+
+def _num(x: Any) -> float:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return math.nan
+    return v
 
 
 def format_domination(result) -> list[str]:
@@ -220,82 +349,187 @@ def _smooth(y: np.ndarray, k: int = 5) -> np.ndarray:
         return np.where(den > 0, num / den, np.nan)
 
 
+#: markers and line styles that, with the 20 colours of ``tab20``, tell more than 10 series apart
+_MARKERS = "osD^v<>phX*P8d"
+_LINES = ("-", "--", "-.", ":")
+
+
+def series_styles(labels: list[str]) -> dict[str, dict[str, Any]]:
+    """A colour, marker and line style per series, each (colour, marker) pair distinct for up to 140
+    series: matplotlib's default cycle has 10 colours, so an 11th series would repeat the first."""
+    import matplotlib
+
+    cmap = matplotlib.colormaps["tab20"]
+    order = [*range(0, 20, 2), *range(1, 20, 2)]  # the 10 strong colours first, then their light twins
+    return {
+        label: {
+            "color": cmap(order[k % 20]),
+            "marker": _MARKERS[k % len(_MARKERS)],
+            "linestyle": _LINES[(k // 20) % len(_LINES)],
+        }
+        for k, label in enumerate(labels)
+    }
+
+
 def plot_figures(result, out: Path) -> list[Path]:
     """PNG plots like ARGUS Fig. 16: throughput vs load, relative quality and SLO violations over
-    time (one line per policy), plus a summary bar chart."""
+    time (one line per policy), plus a summary bar chart and the violations/quality trade-off.
+    Every policy keeps one colour and marker across the three figures."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    labels = list(result.summaries)
+    style = series_styles(labels)
     paths: list[Path] = []
-    fig, axes = plt.subplots(3, 1, figsize=(10, 10), sharex=True)
+    fig, axes = plt.subplots(3, 1, figsize=(12, 10), sharex=True)
     first = next(iter(result.minutes.values()))
     axes[0].plot(first["minute"], _smooth(first["offered_qpm"]), color="black", lw=2, ls="--", label="offered load")
     for label, m in result.minutes.items():
         x = m["minute"]
-        axes[0].plot(x, _smooth(m["goodput_qpm"]), lw=1.2, label=label)
-        axes[1].plot(x, 100 * _smooth(m["relative_quality"]), lw=1.2, label=label)
-        axes[2].plot(x, 100 * _smooth(m["slo_violation_ratio"]), lw=1.2, label=label)
+        st = style[label]
+        every = max(1, len(x) // 12)
+        kw = {"lw": 1.2, "label": label, "markevery": every, "markersize": 4, **st}
+        axes[0].plot(x, _smooth(m["goodput_qpm"]), **kw)
+        axes[1].plot(x, 100 * _smooth(m["relative_quality"]), **kw)
+        axes[2].plot(x, 100 * _smooth(m["slo_violation_ratio"]), **kw)
     axes[0].set_ylabel("goodput (QPM)")
     axes[1].set_ylabel("relative quality (%)")
     axes[2].set_ylabel("SLO violations (%)")
     axes[2].set_xlabel("time (min), 5-min moving average")
-    axes[0].legend(fontsize=7, ncol=3)
+    axes[0].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     p = result.provenance
     fig.suptitle(f"{p['trace_name']} · {p['gpus']} workers · SLO {p['slo_s']:.1f} s", fontsize=10)
     fig.tight_layout()
     path = out / "timeline.png"
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=90, bbox_inches="tight")
     plt.close(fig)
     paths.append(path)
 
-    labels = list(result.summaries)
-    fig, axes = plt.subplots(1, 3, figsize=(12, 4))
+    fig, axes = plt.subplots(1, 3, figsize=(13, 0.8 + 0.32 * len(labels)))
     vals = [
-        ([100 * result.summaries[k]["slo_violation_ratio"] for k in labels], "SLO violations (%)"),
-        ([100 * (result.summaries[k]["relative_quality"] or 0) for k in labels], "relative quality (%)"),
-        ([result.summaries[k]["goodput_qpm"] for k in labels], "goodput (QPM)"),
+        ([100 * result.summaries[k]["slo_violation_ratio"] for k in labels], "SLO violations (%) — lower is better"),
+        (
+            [100 * (result.summaries[k]["relative_quality"] or 0) for k in labels],
+            "relative quality (%) — higher is better",
+        ),
+        ([result.summaries[k]["goodput_qpm"] for k in labels], "goodput (QPM) — higher is better"),
     ]
-    for ax, (v, title) in zip(axes, vals, strict=True):
-        ax.barh(labels, np.nan_to_num(np.asarray(v, dtype=float)))
+    colours = [style[k]["color"] for k in labels]
+    for j, (ax, (v, title)) in enumerate(zip(axes, vals, strict=True)):
+        ax.barh(labels, np.nan_to_num(np.asarray(v, dtype=float)), color=colours)
         ax.set_title(title, fontsize=9)
         ax.tick_params(labelsize=7)
+        if j:
+            ax.set_yticklabels([])
         ax.invert_yaxis()
     fig.tight_layout()
     path = out / "summary.png"
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=90, bbox_inches="tight")
     plt.close(fig)
     paths.append(path)
 
-    fig, ax = plt.subplots(figsize=(6, 5))
+    fig, ax = plt.subplots(figsize=(9, 5.5))
     for label, s in result.summaries.items():
-        ax.scatter(100 * s["slo_violation_ratio"], 100 * (s["relative_quality"] or 0), s=30)
-        ax.annotate(label, (100 * s["slo_violation_ratio"], 100 * (s["relative_quality"] or 0)), fontsize=7)
-    ax.set_xlabel("SLO violations (%)")
-    ax.set_ylabel("relative quality of requests within SLO (%)")
+        st = style[label]
+        ax.scatter(
+            100 * s["slo_violation_ratio"],
+            100 * (s["relative_quality"] or 0),
+            s=45,
+            color=st["color"],
+            marker=st["marker"],
+            edgecolors="black",
+            linewidths=0.4,
+            label=label,
+        )
+    ax.set_xlabel("SLO violations (%) — lower is better")
+    ax.set_ylabel("relative quality of requests within SLO (%) — higher is better")
     ax.grid(alpha=0.3)
+    ax.annotate(
+        "better: fewer violations,\nhigher quality",
+        xy=(0.02, 0.98),
+        xycoords="axes fraction",
+        xytext=(0.22, 0.80),
+        textcoords="axes fraction",
+        fontsize=8,
+        ha="center",
+        arrowprops={"arrowstyle": "->", "color": "green"},
+        color="green",
+    )
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, title="policy")
+    ax.set_title("trade-off: each policy one point (the upper-left corner is better)", fontsize=9)
     fig.tight_layout()
     path = out / "tradeoff.png"
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=90, bbox_inches="tight")
     plt.close(fig)
     paths.append(path)
     return paths
 
 
-def write_html(result, out: Path, images: list[Path], table: str) -> Path:
+def _pretty(v: Any) -> str:
+    """A provenance value as a reader wants it (HTML): numbers rounded, text as text, mappings as
+    lists."""
+    v = _jsonable(v)
+    if v is None or v == "":
+        return "&mdash;"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return html.escape(f"{v:.6g}")
+    if isinstance(v, dict):
+        items = "".join(f"<li>{html.escape(str(k))}: {_pretty(x)}</li>" for k, x in v.items())
+        return f"<ul>{items}</ul>"
+    if isinstance(v, list):
+        return html.escape(", ".join(str(round(x, 6)) if isinstance(x, float) else str(x) for x in v))
+    return html.escape(str(v))
+
+
+def write_html(result, out: Path, images: list[Path], table: str | None = None) -> Path:
+    """report.html: the comparison as an HTML table with a column legend, the notes and settings
+    below it (wrapped, never clipped), the provenance and the plots. ``table`` is unused (kept for
+    callers that pass the terminal table)."""
+    from argusdiff.bound import BOUND_LABEL
+
+    bounds = getattr(result, "bounds", {}) or {}
+    columns = COLUMNS + ((GAP_COLUMN,) if bounds else ())
+    heads = [h for h, _ in columns]
+    rows = [
+        (label, row + ((_fmt(100 * result.summaries[label].get("bound_gap", float("nan")), ".1f"),) if bounds else ()))
+        for label, row in table_rows(result)
+    ]
+    for name, b in bounds.items():
+        rest = ("-",) * (len(heads) - 4)
+        rows.append(
+            (BOUND_LABEL, (name, f"{_fmt(100 * b.min_violation, '.1f')}%", f"{_fmt(100 * b.quality, '.1f')}%", *rest))
+        )
+    numeric = set(heads[2:])
+    cells = "".join(f"<th title='{html.escape(m)}'>{html.escape(h)}</th>" for h, m in columns)
+    body = []
+    for label, row in rows:
+        tds = [f"<td>{html.escape(label)}</td>"] + [
+            f"<td class='{'num' if h in numeric else ''}'>{html.escape(c)}</td>"
+            for h, c in zip(heads[1:], row, strict=True)
+        ]
+        body.append("<tr>" + "".join(tds) + "</tr>")
+    legend = "".join(f"<dt>{html.escape(h)}</dt><dd>{html.escape(m)}</dd>" for h, m in columns)
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>argusdiff replay report</title>",
-        "<style>body{font-family:sans-serif;max-width:1100px;margin:auto}pre{background:#f4f4f4;padding:8px;"
-        "font-size:12px;overflow-x:auto}td,th{padding:2px 8px;font-size:12px}</style></head><body>",
+        "<style>body{font-family:sans-serif;max-width:1200px;margin:auto;padding:0 12px}"
+        "pre{background:#f4f4f4;padding:8px;font-size:12px;white-space:pre-wrap;overflow-wrap:anywhere}"
+        "table{border-collapse:collapse}td,th{padding:2px 8px;font-size:12px;border-bottom:1px solid #ddd;"
+        "vertical-align:top}th{text-align:left;background:#eee}td.num{text-align:right}"
+        "dl{display:grid;grid-template-columns:max-content auto;gap:2px 12px;font-size:12px}"
+        "dt{font-weight:bold}dd{margin:0}img{max-width:100%}ul{margin:0;padding-left:18px}</style></head><body>",
         "<h1>argusdiff replay</h1>",
-        f"<pre>{html.escape(table)}</pre>",
+        f"<table class='comparison'><thead><tr>{cells}</tr></thead><tbody>{''.join(body)}</tbody></table>",
+        f"<h2>Columns</h2><dl>{legend}</dl>",
+        "<h2>Notes and settings</h2>",
+        f"<pre>{html.escape(chr(10).join(footer_lines(result)).strip())}</pre>",
         "<h2>Provenance</h2><table>",
     ]
     for k, v in result.provenance.items():
-        parts.append(
-            f"<tr><th align=left>{html.escape(str(k))}</th><td>{html.escape(json.dumps(_jsonable(v)))}</td></tr>"
-        )
+        parts.append(f"<tr><th>{html.escape(str(k).replace('_', ' '))}</th><td>{_pretty(v)}</td></tr>")
     parts.append("</table>")
     for img in images:
         data = base64.b64encode(img.read_bytes()).decode("ascii")

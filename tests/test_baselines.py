@@ -4,6 +4,7 @@ the small models load, and one stated latency source per shipped profile."""
 
 from __future__ import annotations
 
+import math
 import os
 
 import numpy as np
@@ -73,6 +74,32 @@ def test_a_role_swap_between_resident_models_costs_no_load(cascade):
     assert summarize(res)["slo_violation_ratio"] <= summarize(one)["slo_violation_ratio"]
 
 
+def test_diffserve_milp_memo_rounds_the_inputs_and_can_be_switched_off(cascade):
+    """The memo (ours, docs/baselines.md) solves on demand rounded to a 4% grid and queues rounded
+    down to a power of two; ``memo = False`` solves on the exact inputs, as the artifact does."""
+    from solver.cascade import solve_cascade
+
+    stats = ClusterStats(
+        now_s=0.0, period_s=1.0, arrivals=3, workers=WORKERS, level_queue={"sdxl-lightning": 5, "sdxl": 3}
+    )
+    light, heavy = cascade.level(cascade.cascade.light), cascade.level(cascade.cascade.heavy)
+    memo = make_policy("diffserve", cascade, rng=np.random.default_rng(0), config={"period_s": 1.0})
+    exact = make_policy("diffserve", cascade, rng=np.random.default_rng(0), config={"period_s": 1.0, "memo": False})
+    demand = 173.0
+    a, b = memo.solve(stats, demand), exact.solve(stats, demand)
+    assert len(memo._memo) == 1 and exact._memo == {}
+    want = solve_cascade(
+        cascade.cascade, light, heavy, 8, demand, exact.slo_s, queue_light=5, queue_heavy=3,
+        overprovision=exact.predictor_spec.margin, backend="auto",
+    )  # fmt: skip
+    assert (b.x_light, b.x_heavy, b.threshold) == (want.x_light, want.x_heavy, want.threshold)
+    rounded = solve_cascade(
+        cascade.cascade, light, heavy, 8, 1.04 ** round(math.log(demand) / math.log(1.04)), memo.slo_s,
+        queue_light=4, queue_heavy=2, overprovision=memo.predictor_spec.margin, backend="auto",
+    )  # fmt: skip
+    assert (a.x_light, a.x_heavy, a.threshold) == (rounded.x_light, rounded.x_heavy, rounded.threshold)
+
+
 def test_diffserve_static_is_provisioned_for_the_peak_given_in_advance(cascade):
     pol = make_policy(
         "diffserve-static", cascade, rng=np.random.default_rng(0), config={"period_s": 1.0, "peak_qpm": 240.0}
@@ -93,10 +120,16 @@ def test_diffserve_static_is_provisioned_for_the_peak_given_in_advance(cascade):
 # ---- ARGUS §4.6 -------------------------------------------------------------------------------
 
 
-def test_ac_to_sm_switch_keeps_serving_at_k0_while_the_small_models_load(ac, sm):
+@pytest.mark.parametrize("name", ["argus", "pac"])
+def test_ac_to_sm_switch_keeps_serving_at_k0_while_the_small_models_load(ac, sm, name):
+    """ARGUS §4.6; PAC keeps the strategy logic too (ARGUS §5.1: "it still uses the logic to
+    determine the best approximation strategy between AC and SM")."""
+    from argusdiff.policies import policy_class
+
+    assert policy_class(name).uses_fallback  # the replay hands it the smaller-model ladder
     outage = 600.0
     wl = quick_workload("poisson:qpm=150,duration=25m", [ac, sm], n_prompts=400)
-    pol = make_policy("argus", ac, rng=np.random.default_rng(0), config={"fallback": sm, "slo_s": 12.6})
+    pol = make_policy(name, ac, rng=np.random.default_rng(0), config={"fallback": sm, "slo_s": 12.6})
     faults = tuple(parse_faults(f"cache@{outage:g}s+10m", gpus=8, duration_s=1500.0))
     res = simulate(pol, wl, SimConfig(gpus=8, period_s=60.0, slo_s=12.6, faults=faults))
     switch = [p for p in res.plans if p["t"] >= outage and p["strategy"] == "sm"]

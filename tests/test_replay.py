@@ -35,7 +35,25 @@ def test_replay_writes_every_output(tmp_path, capsys):
     per_policy = sum(1 for r in rows[1:] if r.startswith("argus,"))
     assert per_policy >= 6
     html = (out / "report.html").read_text()
-    assert "data:image/png;base64," in html and "<pre>" in html
+    assert "data:image/png;base64," in html and "<table class='comparison'>" in html
+    # every column explained; provenance values as a reader writes them, not raw JSON
+    from argusdiff.report import COLUMNS
+
+    assert html.count("<dt>") in (len(COLUMNS), len(COLUMNS) + 1) and "<dt>refused</dt>" in html
+    assert "12.600000000000001" not in html and "\\u00a7" not in html and "12.6" in html
+    # the table says how to read it: DiffServe's own drops apart from admission's refusals
+    assert "`dropped` are requests the policy itself gave up on" in table
+    assert "level mix" in table and "argus: sdxl-k0" in table
+
+
+def test_series_styles_tell_more_than_ten_series_apart():
+    from argusdiff.report import series_styles
+
+    labels = [f"p{k}" for k in range(30)]
+    st = series_styles(labels)
+    pairs = {(st[lb]["color"], st[lb]["marker"]) for lb in labels}
+    assert len(pairs) == 30
+    assert len({st[lb]["color"] for lb in labels[:11]}) == 11  # the 11th does not repeat the first
 
 
 def test_replay_json_and_faults(capsys):
@@ -264,3 +282,22 @@ def test_default_replay_runs_on_real_prompts_without_the_encoder(tmp_path, monke
     assert "MiniLM" in prepared.provenance["cache_similarity"]
     encoder = get_encoder()
     assert encoder.encoded == 0 and encoder._model is None and encoder.cache_hits >= 4999
+
+
+def test_unwritable_out_exits_2_before_the_simulation(tmp_path, capsys, monkeypatch):
+    """`--out` naming a file, or a folder under a file, is refused up front naming the option: the
+    simulation never starts (a replay can take minutes)."""
+    import argusdiff.replay as replay
+
+    def boom(*_a, **_k):
+        raise AssertionError("the simulation ran before --out was checked")
+
+    monkeypatch.setattr(replay, "run_replay", boom)
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    for out in (a_file, a_file / "sub"):
+        rc = main(["replay", *SMALL, "--policies", "clipper-ht", "--out", str(out)])
+        assert rc == 2
+        err = capsys.readouterr().err
+        assert "--out" in err and "Traceback" not in err
+    assert a_file.read_text() == "x"

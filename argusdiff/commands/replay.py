@@ -175,6 +175,8 @@ def _check(args: argparse.Namespace) -> None:
         raise ConfigError(f"--load-fraction: must be in (0, 10], got {args.load_fraction}")
     if args.static_peak is not None and not args.static_peak > 0:
         raise ConfigError(f"--static-peak: must be a positive QPM, got {args.static_peak}")
+    if args.out is not None:
+        _check_out(args.out)
     if args.predictor not in (None, "source"):
         from argusdiff.predictors import predictor_spec
 
@@ -182,6 +184,27 @@ def _check(args: argparse.Namespace) -> None:
             predictor_spec(args.predictor)
         except ConfigError as exc:
             raise ConfigError(f"--predictor: {exc}") from None
+
+
+def _check_out(out: str) -> None:
+    """``--out`` must name a folder this process can create and write, checked before the
+    simulation runs (a replay can take minutes): it is created here when missing."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    from argusdiff.errors import ConfigError
+
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"--out: {out!r} exists and is not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".argusdiff-probe-", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ConfigError(f"--out: cannot write to folder {out!r}: {exc.strerror or exc}") from None
 
 
 def run(args: argparse.Namespace) -> int:

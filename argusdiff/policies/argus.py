@@ -25,7 +25,8 @@ parallel", a full transition). A worker whose background load is not reported wi
 time plus one period is moved anyway (its load then happens in the foreground).
 
 PAC is ARGUS without the classifier and ODA: every PASM row equals F, so a prompt goes to a level
-drawn from the allocation's shares regardless of what it needs.
+drawn from the allocation's shares regardless of what it needs. It keeps the AC↔SM switch (ARGUS
+§5.1: "it still uses the logic to determine the best approximation strategy between AC and SM").
 """
 
 from __future__ import annotations
@@ -406,8 +407,7 @@ class Pac(Argus, name="pac", family="ac"):
     """ARGUS without the classifier and ODA (ARGUS §5's PAC baseline)."""
 
     summary = "ARGUS without classifier and ODA: prompt-agnostic routing to the allocated levels"
-    uses_classifier = False
-    uses_fallback = False
+    uses_classifier = False  # the AC -> SM switch (uses_fallback) is kept: ARGUS §5.1
 
     def pasm(self, affinity: tuple[float, ...], share: tuple[float, ...]) -> tuple[tuple[float, ...], ...]:
         return uniform_pasm(share)

@@ -53,11 +53,15 @@ def _bucket_queue(q: int) -> int:
 class DiffServeOptions(CommonOptions):
     """``backend``: the cascade MILP's backend; ``drop_factor``: a query is dropped when its queue
     wait plus runtime would exceed this × SLO (the DiffServe artifact: 1.5); ``allocation_period_s``:
-    how often the MILP is re-solved (None: :data:`ALLOCATION_PERIOD_S`, the artifact's 5 s)."""
+    how often the MILP is re-solved (None: :data:`ALLOCATION_PERIOD_S`, the artifact's 5 s);
+    ``memo``: solve on rounded inputs and reuse the answers (demand on a 4% grid, queue lengths down
+    to a power of two; ours, for speed: docs/baselines.md) — False solves every allocation on the
+    exact demand and queues, as the artifact does."""
 
     backend: str = "auto"
     drop_factor: float = 1.5
     allocation_period_s: float | None = None
+    memo: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -116,11 +120,14 @@ class DiffServe(Policy, name="diffserve", family="cascade"):
         grid, queue lengths down to a power of two, capped at 128): a 1 s control loop sees the
         same rounded inputs again and again, and one solve costs 5-15 ms on this machine."""
 
-        d = _bucket_rate(demand)
-        ql = _bucket_queue(int(stats.level_queue.get(self.light.id, 0)))
-        qh = _bucket_queue(int(stats.level_queue.get(self.heavy.id, 0)))
+        ql_raw = max(0, int(stats.level_queue.get(self.light.id, 0)))
+        qh_raw = max(0, int(stats.level_queue.get(self.heavy.id, 0)))
+        if self.options.memo:
+            d, ql, qh = _bucket_rate(demand), _bucket_queue(ql_raw), _bucket_queue(qh_raw)
+        else:
+            d, ql, qh = max(float(demand), 0.0), ql_raw, qh_raw
         key = (len(stats.workers), d, ql, qh)
-        sol = self._memo.get(key)
+        sol = self._memo.get(key) if self.options.memo else None
         if sol is None:
             sol = solve_cascade(
                 self.spec,
@@ -134,7 +141,7 @@ class DiffServe(Policy, name="diffserve", family="cascade"):
                 overprovision=self.predictor_spec.margin,
                 backend=self.options.backend,
             )
-            if len(self._memo) < 100_000:
+            if self.options.memo and len(self._memo) < 100_000:
                 self._memo[key] = sol
         return sol
 

@@ -186,8 +186,9 @@ class _Batch:
 
 
 class _Queues(Mapping[str, int]):
-    """Queue length per worker id (``RouteView.queue_lengths``), brought up to date lazily when
-    read: a worker's finished batches leave its queue as the clock passes them."""
+    """Queue length per worker id, brought up to date lazily when read: a worker's finished
+    batches leave its queue as the clock passes them. (The run itself hands the policy a plain
+    dict that :meth:`Simulator._sync` keeps current: ``RouteView.queue_lengths``.)"""
 
     __slots__ = ("sim",)
 
@@ -374,6 +375,13 @@ class Simulator:
         self.up = [True] * G
         self.dq: list[deque] = [deque() for _ in range(G)]
         self.qlen = [0] * G
+        # queue length per worker id as the policy reads it (RouteView.queue_lengths; BIG_QUEUE for
+        # a worker that is down), kept current by _sync from a heap of batch finish times
+        self.qd: dict[str, int] = {w: 0 for w in self.wids}
+        self._fin: list[tuple[float, int]] = []
+        self._upv = 0  # bumped when a worker goes down or comes back (admission's serving workers)
+        self._adm_key: tuple[Any, int] = (None, -1)
+        self._adm_ws: dict[str, tuple[str, ...]] = {}
         self.free_at = [0.0] * G
         self.model: list[str | None] = [None] * G  # model of the worker's planned level
         # models loaded on each worker -> the time each is ready, least recently used first
@@ -422,7 +430,7 @@ class Simulator:
 
         # one deadline for the policy's routing and admission (argusdiff.deadline)
         view = RouteView(slo_s=self.slo_s, deadline_factor=cfg.admission.deadline_factor if admission else 1.0)
-        view.queue_lengths = _Queues(self)
+        view.queue_lengths = self.qd
         view.busy_until = {w: 0.0 for w in self.wids}
         view.worker_models = {w: None for w in self.wids}
         view.up = set(self.wids)
@@ -457,6 +465,7 @@ class Simulator:
                 break
             if next_tick <= ta and next_tick <= te:
                 self.now = next_tick
+                self._sync(next_tick)
                 if first_plan:
                     # the cluster was running before the trace starts: the first plan sees the
                     # first period's arrivals (otherwise every policy starts planned for 0 QPM)
@@ -484,6 +493,7 @@ class Simulator:
             if te < ta:
                 ev = heapq.heappop(heap)
                 self.now = ev[0]
+                self._sync(ev[0])
                 if ev[2] == "loaded":
                     # ARGUS §4.6: re-solve as soon as a model finishes loading (once for every
                     # load that finishes at this instant)
@@ -505,6 +515,8 @@ class Simulator:
             # an arrival
             t = ta
             self.now = t
+            if self._fin and self._fin[0][0] <= t:
+                self._sync(t)
             p = int(pidx[i])
             view.now_s = t
             view.optimal_level = cur_ids[cur_opt[p]] if cur_opt is not None else None
@@ -574,6 +586,21 @@ class Simulator:
             false_refused=self.false_refused,
         )
 
+    def _sync(self, now: float) -> None:
+        """Take the batches finished by ``now`` off their workers' queues (``qd``, the queue
+        lengths the policy and admission read): the heap holds every finish time a batch was
+        given, so the current head of every queue is in it (stale entries cost a look)."""
+        fin = self._fin
+        dqs, qlen, qd, wids, up = self.dq, self.qlen, self.qd, self.wids, self.up
+        pop = heapq.heappop
+        while fin and fin[0][0] <= now:
+            w = pop(fin)[1]
+            dq = dqs[w]
+            while dq and dq[0].finish <= now:
+                qlen[w] -= dq.popleft().size
+            if up[w]:
+                qd[wids[w]] = qlen[w]
+
     # ---- control path --------------------------------------------------------------------
 
     def _stats(
@@ -590,8 +617,8 @@ class Simulator:
         times of the period ``[t - period, t)`` (binned for the demand predictor as the live control
         loop bins them: :func:`argusdiff.predictors.arrival_bins`)."""
         ups = tuple(w for k, w in enumerate(self.wids) if self.up[k])
-        q = self.view.queue_lengths
-        queue_lengths = {w: q.get(w) for w in ups}
+        q = self.qd
+        queue_lengths = {w: q[w] for w in ups}
         current = {w: self.wlevel[self.widx[w]] for w in ups}
         loading = {
             w: self.wlevel[self.widx[w]]
@@ -805,6 +832,8 @@ class Simulator:
             self.view.worker_models[self.wids[w]] = None
             self.view.busy_until[self.wids[w]] = t
             self.view.up.add(self.wids[w])
+            self._upv += 1
+            self.qd[self.wids[w]] = self.qlen[w]
             for i in self.waiting:
                 self.epoch[i] += 1
                 self._push(t, "redispatch", i)
@@ -829,6 +858,7 @@ class Simulator:
             self.up_intervals.append((w, self.up_since[w], t))
             wid = self.wids[w]
             self.view.up.discard(wid)
+            self._upv += 1
             self.view.busy_until[wid] = INF
             self.model[w] = None
             self.resident[w].clear()  # loads in progress are lost with the worker
@@ -843,6 +873,7 @@ class Simulator:
                     self._push(t, "redispatch", i)
             self.dq[w].clear()
             self.qlen[w] = 0
+            self.qd[wid] = BIG_QUEUE
             # loads in progress are lost with the worker
             self.free_at[w] = INF
             self._push(t + duration, "up", w)
@@ -942,13 +973,17 @@ class Simulator:
                 level_id, plan=plan, queued=0, workers=0, now_s=t,
                 arrival_s=float(self.wl.arrivals_s[i]), slo_s=float(self.req_slo[i]), verdict=verdict,
             )  # fmt: skip
-        ws = adm.workers(plan, level_id, self.view.up)
-        get = self.view.queue_lengths.get
+        if self._adm_key[0] is not plan or self._adm_key[1] != self._upv:
+            self._adm_key = (plan, self._upv)
+            self._adm_ws = {}
+        ws = self._adm_ws.get(level_id)
+        if ws is None:
+            ws = self._adm_ws[level_id] = adm.workers(plan, level_id, self.view.up)
         rank = int(self.req_rank[i])
         queued = 0
         if rank >= self.max_rank:
-            for w in ws:
-                queued += get(w)
+            qd = self.qd
+            queued = sum([qd[w] for w in ws])
         else:
             ranks = self.req_rank
             widx = self.widx
@@ -1028,6 +1063,7 @@ class Simulator:
             if b.start < prev:
                 b.finish += prev - b.start
                 b.start = prev
+                heapq.heappush(self._fin, (b.finish, w))
             prev = b.finish
         self.free_at[w] = prev
         self.view.busy_until[self.wids[w]] = prev
@@ -1038,10 +1074,24 @@ class Simulator:
         a higher-priority tier goes ahead of queued lower-priority work)."""
         best = None
         best_key = INF
+        up, dqs, free_at, resident = self.up, self.dq, self.free_at, self.resident
+        model, sid, load = served.model, served.id, served.load_time_s
         for w in self.pullers.get(level_id, ()):
-            if not self.up[w]:
+            if not up[w]:
                 continue
-            key = self._slot(w, served, t, bsize, rank)[0]
+            dq = dqs[w]
+            if dq and dq[-1].start > t and dq[-1].rank > rank:
+                key = self._slot(w, served, t, bsize, rank)[0]  # it may go ahead of queued work
+            else:  # _slot at the tail of the queue (k == len(dq)), inlined: the common case
+                if bsize > 1 and dq:
+                    prev = dq[-1]
+                    if prev.start > t and prev.level == sid and prev.size < bsize:
+                        if prev.start < best_key:
+                            best_key, best = prev.start, w
+                        continue
+                free = free_at[w] if free_at[w] > t else t
+                ready = resident[w].get(model)
+                key = free + load if ready is None else (ready if ready > free else free)
             if key < best_key:
                 best_key, best = key, w
         return best
@@ -1122,6 +1172,8 @@ class Simulator:
             self._ran.append(batch)
             k += 1
         self.qlen[w] += 1
+        self.qd[self.wids[w]] = self.qlen[w]
+        heapq.heappush(self._fin, (batch.finish, w))
         if k < len(dq):
             self._shift(w, k)  # the lower-priority work it went ahead of starts later
         else:
