@@ -927,6 +927,7 @@ class Simulator:
         dq = self.dq[w]
         while dq and dq[0].finish <= t:
             self.qlen[w] -= dq.popleft().size
+            self.qd[self.wids[w]] = self.qlen[w]
         start, k, join = self._slot(w, served, t, bsize, rank)
         if join:
             b = dq[k]
