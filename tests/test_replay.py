@@ -41,9 +41,39 @@ def test_replay_writes_every_output(tmp_path, capsys):
 
     assert html.count("<dt>") in (len(COLUMNS), len(COLUMNS) + 1) and "<dt>refused</dt>" in html
     assert "12.600000000000001" not in html and "\\u00a7" not in html and "12.6" in html
-    # the table says how to read it: DiffServe's own drops apart from admission's refusals
-    assert "`dropped` are requests the policy itself gave up on" in table
     assert "level mix" in table and "argus: sdxl-k0" in table
+
+
+def test_reading_notes_say_what_the_numbers_are_only_where_they_apply():
+    from types import SimpleNamespace
+
+    from argusdiff.report import reading_notes
+
+    def row(profile, goodput, thrpt, dropped, refused):
+        return {
+            "profile": profile,
+            "goodput_qpm": goodput,
+            "throughput_qpm": thrpt,
+            "dropped": dropped,
+            "refused": refused,
+        }
+
+    quiet = SimpleNamespace(
+        summaries={"argus": row("sdxl-ac-a100", 10.0, 10.5, 0, 0)}, provenance={"quality": {"a": "SYNTHETIC x"}}
+    )
+    assert reading_notes(quiet) == []
+    busy = SimpleNamespace(
+        summaries={
+            "argus": row("sdxl-ac-a100", 10.2, 10.0, 3, 3),
+            "diffserve": row("cascade-sdxlltn-sdxl", 9.0, 9.5, 4, 0),
+        },
+        provenance={"quality": {"a": "SYNTHETIC x"}},
+    )
+    notes = reading_notes(busy)
+    assert len(notes) == 3
+    assert notes[0].startswith("Goodput is above throughput for argus:")
+    assert "gave up on (diffserve)" in notes[1] and "routed them (argus)" in notes[1]
+    assert "drawn separately" in notes[2]
 
 
 def test_series_styles_tell_more_than_ten_series_apart():
