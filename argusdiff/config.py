@@ -310,8 +310,9 @@ class ServiceConfig(_Section):
     )
     image_store: Literal["auto", "local", "s3"] = Field(
         "auto",
-        description="where `url` and not-yet-collected images go: a local folder or S3 (presigned URLs); "
-        "auto: S3 when [cache] store = 's3', else local",
+        description="where `url` and not-yet-collected images go (with --redis: every image; Redis carries only "
+        "its key): a local folder or S3 (presigned URLs); auto: S3 when [cache] store = 's3', else local "
+        "(a worker: the store its router announces)",
     )
     image_path: str = Field("~/.cache/argusdiff/images", description="folder of the local image store")
     image_s3_prefix: str = Field(

@@ -248,12 +248,13 @@ def test_simulator_and_live_router_take_the_same_decisions(policy_name, profile_
     assert router.level_load.total() == 0 and not router.inflight
 
 
-def test_redis_cascade_handoff_is_decided_once_by_the_policy(redis_server):
+def test_redis_cascade_handoff_is_decided_once_by_the_policy(redis_server, tmp_path):
     """Redis mode, two routers: a hand-off published by a light worker is decided by exactly one
     router's policy — redone at the heavy level (one heavy item) or dropped — and the client's
     synchronous wait ends with the final result."""
     from argusdiff.domain import ClusterStats
     from argusdiff.service.dispatch import RedisDispatch
+    from argusdiff.service.images import LocalImageStore
     from argusdiff.service.transport.redis_streams import RedisWorkQueue
     from workers.messages import WorkResult
 
@@ -263,10 +264,12 @@ def test_redis_cascade_handoff_is_decided_once_by_the_policy(redis_server):
     settings = Settings.model_validate({"profile": profile.name, "service": {"policy": "diffserve", "workers": 0}})
     stats = ClusterStats(now_s=0.0, period_s=60.0, arrivals=200, workers=("w0", "w1", "w2"))
 
+    images = LocalImageStore(tmp_path / "images")  # what Redis names, the routers and the worker share
+
     async def main():
         routers = []
         for _ in range(2):
-            dispatch = RedisDispatch(redis_server.url, namespace=ns)
+            dispatch = RedisDispatch(redis_server.url, namespace=ns, images=images)
             await dispatch.start()
             pol = make_policy("diffserve", profile, rng=np.random.default_rng(0), config={"backend": "highs"})
             router = Router(
@@ -276,7 +279,7 @@ def test_redis_cascade_handoff_is_decided_once_by_the_policy(redis_server):
             assert plan.workers_at(heavy) and plan.workers_at(light)
             router.set_plan(plan, frozenset(plan.assignment))
             routers.append(router)
-        worker = RedisWorkQueue(redis_server.url, namespace=ns, consumer="w0")
+        worker = RedisWorkQueue(redis_server.url, namespace=ns, consumer="w0", images=images)
 
         def light_worker_defers() -> None:
             item = worker.get(light, timeout=5)
@@ -308,7 +311,7 @@ def test_redis_cascade_handoff_is_decided_once_by_the_policy(redis_server):
             worker.result(item.request_id, WorkResult(request_id=item.request_id, level=heavy, image_png=b"heavy"))
             worker.ack(item)
             res = (await waiting)[0]
-            assert res.level == heavy and res.image_png == b"heavy"
+            assert res.level == heavy and images.get(res.image_ref) == b"heavy"
 
             # a deadline the heavy run cannot meet after the light one: dropped, the wait ends
             slo = (profile.level(light).latency(1) + 0.5 * profile.level(heavy).latency(1)) / 1.5

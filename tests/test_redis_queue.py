@@ -3,9 +3,12 @@ migration between levels, results with expiry, plan and heartbeats."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from argusdiff.service.errors import QueueUnavailable
+from argusdiff.service.images import LocalImageStore
 from argusdiff.service.transport.redis_control import RedisControlStore
 from argusdiff.service.transport.redis_streams import RedisWorkQueue
 from workers.messages import WorkItem, WorkResult
@@ -17,19 +20,25 @@ def _item(i: int, level: str = "a") -> WorkItem:
     return WorkItem(request_id=f"r{i}", prompt=f"prompt {i}", level=level, seed=i)
 
 
-def test_put_get_ack_fifo(redis_server):
-    q = RedisWorkQueue(redis_server.url, namespace="t1", consumer="w1")
-    for i in range(3):
+def test_put_get_ack_fifo(redis_server, tmp_path):
+    images = LocalImageStore(tmp_path)
+    q = RedisWorkQueue(redis_server.url, namespace="t1", consumer="w1", images=images)
+    rid = "gen-" + "0" * 24 + "-0"
+    q.put("a", WorkItem(request_id=rid, prompt="prompt 0", level="a", seed=0))
+    for i in range(1, 3):
         q.put("a", _item(i))
     assert q.qsize("a") == 3
     got = q.get("a", timeout=0.1)
-    assert got is not None and got.request_id == "r0" and got.receipt.startswith("a|")
+    assert got is not None and got.request_id == rid and got.receipt.startswith("a|")
     assert got.enqueue_s > 0
     assert q.qsize("a") == 2 and q.pending("a") == 1
-    q.result("r0", WorkResult(request_id="r0", level="a", image_png=b"png"))
+    q.result(rid, WorkResult(request_id=rid, level="a", image_png=b"png"))
     q.ack(got)
     assert q.pending("a") == 0
-    assert q.wait_result("r0", timeout=1).image_png == b"png"
+    # the claim check: Redis names the image, the image store holds it
+    stored = json.loads(q.r.get(q.keys.result(rid)))
+    assert stored["image_png"] is None and stored["image_ref"] == f"{rid}.png" and images.get(f"{rid}.png") == b"png"
+    assert q.wait_result(rid, timeout=1).image_png == b"png"
     assert [q.get("a", timeout=0.1).request_id for _ in range(2)] == ["r1", "r2"]
     assert q.get("a", timeout=0.05) is None
 

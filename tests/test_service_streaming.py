@@ -70,7 +70,7 @@ def test_openai_client_streams_through_redis(redis_server, live_service, worker_
     assert len(events["image_generation.completed"]) == 1 and len(events["argusdiff.progress"]) > 3
 
 
-def test_redis_holds_no_image_once_the_router_has_it(redis_server, live_service, worker_procs):
+def test_redis_holds_no_image_only_its_key_in_the_image_store(redis_server, live_service, worker_procs):
     import redis
 
     server = live_service(service_settings(redis_url=redis_server.url, workers=0), ready=False)
@@ -80,15 +80,13 @@ def test_redis_holds_no_image_once_the_router_has_it(redis_server, live_service,
     native = f"{server.url}/v1/argusdiff/generations"
 
     def stored(gid: str) -> dict:
-        def rewritten() -> bool:
-            raw = r.get(f"argusdiff:result:{gid}-0")
-            return raw is not None and json.loads(raw)["image_png"] is None
-
-        assert wait_until(rewritten, 10), f"{gid}: the image stays in Redis"
-        return json.loads(r.get(f"argusdiff:result:{gid}-0"))
+        assert wait_until(lambda: r.get(f"argusdiff:result:{gid}-0") is not None, 10), gid
+        raw = json.loads(r.get(f"argusdiff:result:{gid}-0"))
+        assert raw["image_png"] is None, f"{gid}: an image in Redis"
+        return raw
 
     sync = httpx.post(native, json={"prompt": "delivered at once"}, timeout=30).json()
-    assert sync["data"][0]["b64_json"] and stored(sync["id"])["image_ref"] == ""
+    assert sync["data"][0]["b64_json"] and stored(sync["id"])["image_ref"] == f"{sync['id']}-0.png"
     url = httpx.post(native, json={"prompt": "by url", "response_format": "url"}, timeout=30).json()
     assert stored(url["id"])["image_ref"] == f"{url['id']}-0.png"
     assert httpx.get(url["data"][0]["url"]).content.startswith(b"\x89PNG")

@@ -2,7 +2,9 @@
 
 The worker follows the plan the router's control loop publishes in Redis (which level to serve),
 heartbeats, and acks each item after its result is stored. Without ``--profile`` it serves the
-profile the router announces.
+profile the router announces. Its images go into the image store the router announces (with
+``[service] image_store = "auto"``, the default; else the one its own settings name): Redis
+carries only their keys (:mod:`argusdiff.service.images`).
 """
 
 from __future__ import annotations
@@ -123,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
     from argusdiff.profile import load_profile
     from argusdiff.service.caches import build_cache
     from argusdiff.service.errors import QueueUnavailable
+    from argusdiff.service.images import worker_image_store
     from argusdiff.service.transport.redis_control import RedisControlStore
     from argusdiff.service.transport.redis_streams import RedisWorkQueue
     from argusdiff.service.worker import ServiceWorker
@@ -145,7 +148,13 @@ def run(args: argparse.Namespace) -> int:
     )
     store = RedisControlStore.sharing(queue)
     profile_ref, fallback_ref = args.profile, None
-    if profile_ref is None:
+    deployment = None
+    if profile_ref is not None:
+        try:
+            deployment = store.read_deployment()
+        except QueueUnavailable:
+            deployment = None
+    else:
         deadline = time.monotonic() + args.wait_s
         while True:
             try:
@@ -160,6 +169,12 @@ def run(args: argparse.Namespace) -> int:
                     f"no router announced a deployment in redis at {_without_password(args.redis)}: pass --profile"
                 )
             time.sleep(0.5)
+    try:
+        images = worker_image_store(settings, deployment)
+    except (ValueError, KeyError) as exc:
+        raise ConfigError(f"the image store the router announced cannot be used: {exc}") from None
+    queue.images = images
+    log.info("worker %s: images go to %s", worker_id, images.description)
     profile = load_profile(profile_ref)
     fallback = load_profile(fallback_ref) if fallback_ref else None
     cache = None if args.stand_in else build_cache(settings, profile)

@@ -29,7 +29,7 @@ from argusdiff.service.caches import build_cache
 from argusdiff.service.dispatch import LocalDispatch, RedisDispatch
 from argusdiff.service.errors import ShuttingDown
 from argusdiff.service.health import CacheHealth
-from argusdiff.service.images import build_image_store
+from argusdiff.service.images import build_image_store, store_spec
 from argusdiff.service.leader import ClusterControlLoop
 from argusdiff.service.metrics import ServiceMetrics
 from argusdiff.service.quotas import MemoryQuotaStore, Quotas, RedisQuotaStore
@@ -285,6 +285,7 @@ class Service:
             consumer=self._worker_id(i),
             result_ttl_s=cfg.result_ttl_s,
             claim_idle_s=max(60.0, 10 * cfg.worker_timeout_s),
+            images=self.dispatch.images,
         )
 
     def _drift_loop(self, classifier: Any) -> Any:
@@ -306,6 +307,7 @@ class Service:
 
         loop = build_drift_loop(self.settings, self.profile, classifier, self.factory, self.metrics)
         self.dispatch.on_served = loop.observe
+        loop.images = self.dispatch.images  # a served image in the image store (Redis mode) is read there
         return loop
 
     def classifier_status(self) -> dict[str, Any] | None:
@@ -385,6 +387,9 @@ class Service:
         await self.dispatch.start()
         if self.dispatch.mode == "redis":
             deployment = {"profile": profile_ref(self.profile), "fallback": self.config.fallback_profile}
+            images = store_spec(self.dispatch.images)
+            if images is not None:  # the workers write images there (the claim check)
+                deployment["images"] = images
             try:
                 await asyncio.to_thread(self.store.publish_deployment, deployment)
             except Exception as exc:  # Redis down at start: the control loop keeps retrying

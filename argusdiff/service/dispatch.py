@@ -13,10 +13,11 @@ the result depends on who wants it:
   has started it (:attr:`Dispatch.on_forget` does the bookkeeping), else its result is dropped.
 
 Results in router memory (:class:`~argusdiff.service.transport.memory.ResultMemory`) are bounded by
-``[service] result_memory_mb`` (oldest evicted first). In Redis mode a worker's result (with its PNG) waits in
-``ns:result:<id>`` only until this router takes it; the router then rewrites it without the image
-(keeping a reference to the image store when one was stored), so Redis holds images only in
-flight.
+``[service] result_memory_mb`` (oldest evicted first). In Redis mode no image passes through Redis
+(the claim check, :mod:`argusdiff.service.images`): a worker writes each image into the image store
+in the requested format and its result in ``ns:result:<id>`` names it; the router reads the image
+from the store when it answers (``b64_json``, a stream's partial and final images) or hands out its
+URL, and the store keeps it until ``result_ttl_s``.
 
 Waits end with the result, with :class:`~argusdiff.service.errors.WorkLost` when the work is known
 lost (Redis mode: its request record vanished, e.g. Redis restarted without AOF), and with
@@ -281,7 +282,7 @@ class Dispatch:
             except Exception:  # an observer must never break delivery
                 log.exception("result observer failed")
         if d.abandoned:
-            self._spawn(self._discard(request_id))
+            self._spawn(self._discard(request_id, result))
             return
         live = d.future is not None and not d.future.done()
         if result.ok and result.image_png is not None and (d.response_format == "url" or not live or d.keep):
@@ -347,8 +348,8 @@ class Dispatch:
     async def _rewrite(self, request_id: str, result: WorkResult) -> None:
         """Replace the transport's copy of a result (e.g. without its image)."""
 
-    async def _discard(self, request_id: str) -> None:
-        """Delete the transport's copy of an abandoned item's result."""
+    async def _discard(self, request_id: str, result: WorkResult | None = None) -> None:
+        """Delete the transport's copy of an abandoned item's result (and its stored image)."""
 
     async def _unqueue(self, request_id: str, d: Delivery) -> bool:
         """Take a queued item out if no worker has started it."""
@@ -479,8 +480,10 @@ class RedisDispatch(Dispatch):
         from argusdiff.service.transport.redis_streams import AsyncRedisDispatch, RedisWorkQueue
 
         self.url = url
-        self.aio = AsyncRedisDispatch(url, namespace=namespace)
-        self._queue = RedisWorkQueue(url, namespace=namespace, consumer="control", result_ttl_s=result_ttl_s)
+        self.aio = AsyncRedisDispatch(url, namespace=namespace, images=images)
+        self._queue = RedisWorkQueue(
+            url, namespace=namespace, consumer="control", result_ttl_s=result_ttl_s, images=images
+        )
         self.min_record_ttl_s = min_record_ttl_s  # records outlive every wait: a missing one means lost work
         self._listener: asyncio.Task | None = None
         self._subscriber: asyncio.Task | None = None
@@ -633,11 +636,16 @@ class RedisDispatch(Dispatch):
         except QueueUnavailable as exc:  # it expires with its TTL anyway
             log.debug("cannot rewrite the result of %s: %s", request_id, exc)
 
-    async def _discard(self, request_id: str) -> None:
+    async def _discard(self, request_id: str, result: WorkResult | None = None) -> None:
         try:
             await self.aio.delete_result(request_id)
         except QueueUnavailable as exc:
             log.debug("cannot delete the result of %s: %s", request_id, exc)
+        if result is not None and result.image_ref and self.images is not None:
+            try:  # nobody will ask for it (else the sweep deletes it after result_ttl_s)
+                await asyncio.to_thread(self.images.delete, result.image_ref)
+            except Exception as exc:
+                log.debug("cannot delete the image of %s: %s", request_id, exc)
 
     async def fetch_results(self, request_ids: list[str], record: dict | None = None) -> dict[str, WorkResult]:
         out = {rid: res for rid in request_ids if (res := self.results.get(rid)) is not None}

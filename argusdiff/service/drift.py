@@ -82,7 +82,9 @@ class DriftLoop:
         self.save_dir = save_dir
         self.score_batch = score_batch
         self._rng = np.random.default_rng(seed)
-        self._queue: queue.Queue[tuple[str, bytes] | None] = queue.Queue(maxsize=max_pending)
+        # (prompt, PNG bytes or the image's key in the image store)
+        self._queue: queue.Queue[tuple[str, bytes | str] | None] = queue.Queue(maxsize=max_pending)
+        self.images: Any = None  # the image store of served images that arrive as keys (Redis mode)
         self._thread: threading.Thread | None = None
         self.seen = 0  # served images offered
         self.sampled = 0
@@ -99,6 +101,8 @@ class DriftLoop:
     def observe(self, prompt: str, result: Any) -> None:
         """A served result (event-loop thread): sample it for scoring; never blocks, never raises."""
         png = getattr(result, "image_png", None)
+        if png is None and self.images is not None:
+            png = getattr(result, "image_ref", None) or None  # read from the image store when scored
         if png is None or not getattr(result, "ok", False):
             return
         self.seen += 1
@@ -166,11 +170,23 @@ class DriftLoop:
             if stop:
                 return
 
-    def _score(self, batch: Sequence[tuple[str, bytes]]) -> None:
+    def _read(self, png: bytes | str) -> bytes | None:
+        """An image's bytes: given, or read from the image store by its key (None: it is gone)."""
+        if isinstance(png, bytes):
+            return png
+        from argusdiff.service.images import read_image
+
+        return read_image(self.images, png)
+
+    def _score(self, batch: Sequence[tuple[str, bytes | str]]) -> None:
         from PIL import Image
 
         try:
             images = []
+            batch = [(p, self._read(png)) for p, png in batch]
+            batch = [(p, png) for p, png in batch if png is not None]
+            if not batch:
+                return
             for _, png in batch:
                 with Image.open(io.BytesIO(png)) as im:
                     images.append(im.convert("RGB"))

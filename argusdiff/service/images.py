@@ -12,6 +12,14 @@
 
 Image ids are ``<request id>.<format>``: 96 random bits per generation, so an id is as hard to
 guess as a signed URL.
+
+**Claim check (distributed mode).** Redis carries no image bytes: a worker writes each image into
+the image store (:func:`image_id`, in the format the request asked for) and its result in Redis
+names it (``image_ref``); a streamed partial image goes there too (:func:`partial_id`, PNG) and
+its step event carries the key; an edit's input image and mask are written there by the router
+(:func:`input_id`) and the work item names them. The router reads the image from the store when it
+answers. The router announces its image store with the deployment (:func:`store_spec`), and a worker
+whose ``[service] image_store`` is ``auto`` writes to that one (:func:`store_from_spec`).
 """
 
 from __future__ import annotations
@@ -34,14 +42,22 @@ __all__ = [
     "LocalImageStore",
     "S3ImageStore",
     "build_image_store",
+    "check_key",
     "encode",
     "image_id",
+    "input_id",
+    "partial_id",
+    "store_from_spec",
+    "store_spec",
+    "worker_image_store",
 ]
 
 log = logging.getLogger("argusdiff.service")
 
 CONTENT_TYPES = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}
 _ID_RE = re.compile(r"^gen-[0-9a-f]{24}-\d{1,3}\.(png|jpeg|webp)$")
+#: every key of the store: a final image, a partial image (``.p<step>``), an edit's input (``.in``, ``.mask``)
+_KEY_RE = re.compile(r"^gen-[0-9a-f]{24}-\d{1,3}(\.p\d{1,5}|\.in|\.mask)?\.(png|jpeg|webp)$")
 _PIL_FORMATS = {"jpeg": "JPEG", "webp": "WEBP"}
 
 
@@ -53,9 +69,29 @@ def image_id(request_id: str, output_format: str) -> str:
     return f"{request_id}.{output_format}"
 
 
+def partial_id(request_id: str, step: int) -> str:
+    """The key of a streamed partial image (PNG) decoded after ``step``."""
+    return f"{request_id}.p{int(step)}.png"
+
+
+def input_id(request_id: str, part: str) -> str:
+    """The key of an edit's input image (``part`` = ``in``) or mask (``mask``), PNG."""
+    if part not in ("in", "mask"):
+        raise ValueError(f"not an input part: {part!r}")
+    return f"{request_id}.{part}.png"
+
+
 def check_image_id(key: str) -> str:
+    """A final image's id (what ``GET /v1/images/{id}`` serves)."""
     if not isinstance(key, str) or not _ID_RE.match(key):
         raise ValueError(f"not an image id: {key!r}")
+    return key
+
+
+def check_key(key: str) -> str:
+    """Any key of the image store: a final image, a partial image or an edit's input."""
+    if not isinstance(key, str) or not _KEY_RE.match(key):
+        raise ValueError(f"not an image store key: {key!r}")
     return key
 
 
@@ -87,6 +123,8 @@ class ImageStore(Protocol):
         """Raises :class:`~cache.store.BlobMissing` when there is no such image."""
         ...
 
+    def delete(self, key: str) -> None: ...
+
     def url(self, key: str, base_url: str, ttl_s: float) -> str: ...
 
     def sweep(self, max_age_s: float) -> int:
@@ -106,7 +144,7 @@ class LocalImageStore(LocalDirStore):
         self.description = f"local:{self.root}"
 
     def _path(self, key: str) -> Path:
-        return self.root / check_image_id(key)
+        return self.root / check_key(key)
 
     def delete(self, key: str) -> None:
         try:
@@ -122,7 +160,7 @@ class LocalImageStore(LocalDirStore):
         n = 0
         for path in self.root.glob("gen-*"):
             try:
-                if _ID_RE.match(path.name) and path.stat().st_mtime < cutoff:
+                if _KEY_RE.match(path.name) and path.stat().st_mtime < cutoff:
                     path.unlink(missing_ok=True)
                     n += 1
             except OSError:
@@ -156,7 +194,7 @@ class S3ImageStore(S3Store):
         return self._signer
 
     def _object(self, key: str) -> str:
-        return self.prefix + check_image_id(key)
+        return self.prefix + check_key(key)
 
     def put(self, key: str, data: bytes) -> None:
         from botocore.exceptions import BotoCoreError, ClientError
@@ -189,7 +227,7 @@ class S3ImageStore(S3Store):
             for page in pages:
                 for item in page.get("Contents", []):
                     name = item["Key"][len(self.prefix) :]
-                    if _ID_RE.match(name) and item["LastModified"].timestamp() < cutoff:
+                    if _KEY_RE.match(name) and item["LastModified"].timestamp() < cutoff:
                         old.append(name)
         except (BotoCoreError, ClientError) as exc:
             raise self._err("list", exc) from None
@@ -217,6 +255,39 @@ def build_image_store(settings: Any) -> ImageStore:
             log.warning("image store %s is unavailable at start: %s", store.description, exc)
         return store
     return LocalImageStore(Path(svc.image_path).expanduser())
+
+
+def store_spec(store: Any) -> dict[str, Any] | None:
+    """Where ``store`` is, as the router announces it to the workers (no credentials: a worker
+    reaches S3 with its own); None for a store of another kind."""
+    if isinstance(store, S3ImageStore):
+        return {"kind": "s3", "bucket": store.bucket, "prefix": store.prefix, "endpoint_url": store.endpoint_url,
+                "region": store.client.meta.region_name}  # fmt: skip
+    if isinstance(store, LocalImageStore):
+        return {"kind": "local", "path": str(store.root.resolve())}
+    return None
+
+
+def store_from_spec(spec: dict[str, Any]) -> ImageStore:
+    """The image store a router announced (:func:`store_spec`); ValueError for a spec it cannot use."""
+    kind = spec.get("kind")
+    if kind == "s3":
+        return S3ImageStore(
+            str(spec["bucket"]), prefix=str(spec.get("prefix") or ""), endpoint_url=spec.get("endpoint_url"),
+            region=spec.get("region"), create_bucket=False,
+        )  # fmt: skip
+    if kind == "local":
+        return LocalImageStore(Path(str(spec["path"])))
+    raise ValueError(f"unknown image store kind {kind!r}")
+
+
+def worker_image_store(settings: Any, deployment: dict[str, Any] | None) -> ImageStore:
+    """A worker's image store: the one its router announced (``deployment["images"]``) when the
+    worker's ``[service] image_store`` is ``auto``, else its own setting (:func:`build_image_store`)."""
+    spec = (deployment or {}).get("images")
+    if settings.service.image_store == "auto" and spec:
+        return store_from_spec(spec)
+    return build_image_store(settings)
 
 
 def read_image(store: ImageStore, key: str) -> bytes | None:

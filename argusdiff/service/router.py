@@ -709,6 +709,7 @@ class Router:
             return None, replace(
                 light,
                 image_png=None,
+                image_ref=None,
                 error=f"dropped after the light stage ({assignment.reason or 'the policy dropped it'})",
                 error_type=DROPPED,
                 deferred=True,

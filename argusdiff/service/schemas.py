@@ -399,7 +399,8 @@ class GenerationSpec:
 
     def item_meta(self) -> dict[str, str]:
         """What the workers need to know beyond the prompt: streaming and its partial images, the
-        safety checker's strictness."""
+        safety checker's strictness, and the format a worker stores the image in (Redis mode: the
+        claim check, :mod:`argusdiff.service.images`)."""
         meta = {"moderation": self.moderation} if self.moderation is not None else {}
         if self.lora is not None:
             meta["lora"] = self.lora
@@ -411,6 +412,10 @@ class GenerationSpec:
                 meta["edit_mask"] = self.edit_mask
         if self.stream:
             meta.update(stream="1", partial_images=str(self.partial_images))
+        if self.output_format != "png":
+            meta["output_format"] = self.output_format
+            if self.output_compression is not None:
+                meta["output_compression"] = str(int(self.output_compression))
         return meta
 
     def record_fields(self) -> dict[str, Any]:

@@ -14,8 +14,9 @@ from typing import Any
 from argusdiff.service import schemas as s
 from argusdiff.service.errors import ApiError
 from argusdiff.service.handlers.base import CLIENT_CLOSED, Api, ClientGone, EventStream, dump
+from argusdiff.service.handlers.results import image_bytes
 from argusdiff.service.handlers.work import cancel, cancelled, filtered, lost, timed_out
-from argusdiff.service.images import encode
+from argusdiff.service.images import encode, read_image
 from argusdiff.service.router import Submission
 from workers.cancel import CANCELLED
 from workers.messages import WorkResult
@@ -44,6 +45,19 @@ def stream_run(api: Api, sub: Submission, spec: s.GenerationSpec) -> Callable[[E
     async def b64(png: bytes) -> str:
         data = await asyncio.to_thread(encode, png, spec.output_format, spec.output_compression)
         return base64.b64encode(data).decode("ascii")
+
+    async def partial_png(event: dict) -> bytes | None:
+        """A partial image: its PNG (embedded), or read from the image store by its key (Redis
+        mode); None when it cannot be read (a partial image is best effort)."""
+        if event.get("png"):
+            return event["png"]
+        ref = event.get("ref")
+        if not ref or dispatch.images is None:
+            return None
+        try:
+            return await asyncio.to_thread(read_image, dispatch.images, str(ref))
+        except Exception:
+            return None
 
     async def error(emit: Emit, exc: ApiError) -> int:
         await emit("error", exc.body())
@@ -76,15 +90,14 @@ def stream_run(api: Api, sub: Submission, spec: s.GenerationSpec) -> Callable[[E
                     await emit("argusdiff.progress", dump(s.ProgressEvent(
                         created_at=int(time.time()), step=int(payload["step"]), steps=int(payload["steps"]),
                         level=payload.get("level"))))  # fmt: skip
-                elif kind == "event" and payload.get("type") == "partial" and payload.get("png"):
+                elif kind == "event" and payload.get("type") == "partial":
                     # numbered here: a deferred cascade's heavy level starts its own count again
-                    if partials < spec.partial_images:
+                    png = await partial_png(payload)
+                    if png is not None and partials < spec.partial_images:
                         await emit(
                             "image_generation.partial_image",
                             dump(
-                                s.ImagePartialEvent(
-                                    b64_json=await b64(payload["png"]), partial_image_index=partials, **common()
-                                )
+                                s.ImagePartialEvent(b64_json=await b64(png), partial_image_index=partials, **common())
                             ),
                         )
                         partials += 1
@@ -94,7 +107,7 @@ def stream_run(api: Api, sub: Submission, spec: s.GenerationSpec) -> Callable[[E
                         return await error(emit, cancelled(sub.id))
                     if res.error_type == FILTERED:
                         return await error(emit, filtered(sub.id, 0))
-                    if not res.ok or res.image_png is None:
+                    if not res.ok or (res.image_png is None and not res.image_ref):
                         return await error(
                             emit,
                             ApiError(
@@ -105,9 +118,14 @@ def stream_run(api: Api, sub: Submission, spec: s.GenerationSpec) -> Callable[[E
                                 code="generation_failed",
                             ),
                         )
+                    # the worker's PNG (embedded), or the image it stored in the requested format
+                    try:
+                        data = await image_bytes(api, res, spec.output_format, spec.output_compression)
+                    except ApiError as exc:  # the image store failed or lost it
+                        return await error(emit, exc)
                     await emit(
                         "image_generation.completed",
-                        dump(s.ImageCompletedEvent(b64_json=await b64(res.image_png), **common())),
+                        dump(s.ImageCompletedEvent(b64_json=base64.b64encode(data).decode("ascii"), **common())),
                     )
                     return 200
                 elif kind == "error":

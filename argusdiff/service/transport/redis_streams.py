@@ -11,7 +11,9 @@ Layout under a namespace ``ns`` (default ``argusdiff``):
   stored** (XACK + XDEL). A dead worker's pending entries are re-queued by the control loop
   (XPENDING for that consumer → XCLAIM → XADD a copy with ``attempt + 1`` → XACK), and as a last
   resort any worker re-claims entries idle longer than ``claim_idle_s`` with XAUTOCLAIM.
-* ``ns:result:<request id>`` — the result JSON, with expiry (``result_ttl_s``);
+* ``ns:result:<request id>`` — the result JSON, with expiry (``result_ttl_s``): never an image's
+  bytes (the claim check, :mod:`argusdiff.service.images`): the worker writes the image into the
+  image store and the result names it (``image_ref``);
   ``ns:done`` — a capped stream of finished request ids the router listens on (a cascade
   deferral is published there too, its result carrying a ``handoff`` item; the router that sets
   ``ns:handoff:<request id>`` first asks its policy what follows);
@@ -19,7 +21,12 @@ Layout under a namespace ``ns`` (default ``argusdiff``):
   vanished one tells a waiting router that Redis lost the work);
 * ``ns:events:<router>`` — pub/sub channel of step events (progress, partial images) of the streamed
   items one router accepted (named in the item's ``meta["events"]``); ``ns:events`` for items that
-  name none (workers and routers of an earlier version).
+  name none (workers and routers of an earlier version). A partial image travels as the key of
+  its PNG in the image store (``ref``), never as bytes.
+
+An edit's input image and mask go into the image store too (the router writes them when it
+queues the item, :func:`claim_inputs`; the item names them in ``meta["edit_image_ref"]`` and
+``meta["edit_mask_ref"]``), and a worker reads them back when it takes the item.
 
 :class:`RedisWorkQueue` is the synchronous side (workers, control loop, tools);
 :class:`AsyncRedisDispatch` the router's asyncio side. The plan, the deployment and the workers'
@@ -29,9 +36,11 @@ names every key of both.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import json
+import random
 import secrets
 import time
 from collections.abc import Iterable
@@ -126,21 +135,57 @@ class RedisKeys:
         return f"{self.ns}:req:{request_id}"
 
 
+#: The most bytes one step event may take on the wire: events carry keys, never images.
+EVENT_MAX_BYTES = 4096
+
+
 def event_to_json(request_id: str, event: dict[str, Any]) -> str:
-    """A step event on the wire: the partial image's PNG as base64."""
-    data = {k: v for k, v in event.items() if k != "png"}
-    if event.get("png") is not None:
-        data["png_b64"] = base64.b64encode(event["png"]).decode("ascii")
-    return json.dumps({"id": request_id, "event": data})
+    """A step event on the wire (a partial image as its key in the image store, ``ref``). Raises
+    ValueError for one that carries image bytes or is larger than :data:`EVENT_MAX_BYTES`."""
+    if "png" in event:
+        raise ValueError("a step event on the wire carries its partial image's key, not its bytes")
+    raw = json.dumps({"id": request_id, "event": event})
+    if len(raw) > EVENT_MAX_BYTES:
+        raise ValueError(f"a step event of {len(raw)} bytes is larger than {EVENT_MAX_BYTES}")
+    return raw
 
 
 def event_from_json(raw: str | bytes) -> tuple[str, dict[str, Any]]:
     msg = json.loads(raw)
-    event = dict(msg["event"])
-    png = event.pop("png_b64", None)
-    if png is not None:
-        event["png"] = base64.b64decode(png)
+    event = {k: v for k, v in dict(msg["event"]).items() if k not in ("png", "png_b64")}
     return str(msg["id"]), event
+
+
+#: meta keys of an edit's inputs: inline (base64 PNG, as workers read them) -> their key in the store
+INPUT_REFS = {"edit_image": "edit_image_ref", "edit_mask": "edit_mask_ref"}
+
+
+def claim_inputs(item: WorkItem, images: Any) -> WorkItem:
+    """``item`` as it goes into Redis: an edit's input image and mask written into the image
+    store (:func:`argusdiff.service.images.input_id`), the item naming them instead."""
+    inline = [k for k in INPUT_REFS if item.meta.get(k)]
+    if not inline:
+        return item
+    if images is None:
+        raise ValueError("the Redis transport carries no image bytes: it needs an image store for an edit's input")
+    from argusdiff.service.images import input_id
+
+    meta = dict(item.meta)
+    for k in inline:
+        key = input_id(item.request_id, "in" if k == "edit_image" else "mask")
+        if meta.get(INPUT_REFS[k]) != key:
+            images.put(key, base64.b64decode(meta[k]))
+            meta[INPUT_REFS[k]] = key
+        del meta[k]
+    return replace(item, meta=meta)
+
+
+def on_wire(item: WorkItem) -> WorkItem:
+    """``item`` without the inputs a worker read back from the store (their keys stay)."""
+    drop = [k for k, ref in INPUT_REFS.items() if item.meta.get(k) and item.meta.get(ref)]
+    if not drop:
+        return item
+    return replace(item, meta={k: v for k, v in item.meta.items() if k not in drop})
 
 
 #: One non-blocking read of the first stream (KEYS, in pull order) that has an undelivered entry:
@@ -281,8 +326,14 @@ class RedisWorkQueue:
         claim_idle_s: float = 300.0,
         socket_timeout_s: float = 5.0,
         cancel_poll_s: float = 0.1,
+        images: Any = None,
+        image_retry_s: float = 10.0,
     ) -> None:
         self.r = client if client is not None else sync_client(url, socket_timeout_s, "RedisWorkQueue")
+        #: the image store (:mod:`argusdiff.service.images`) that holds what Redis names: results'
+        #: images, partial images and edits' inputs; a result with an image and no store is refused
+        self.images = images
+        self.image_retry_s = image_retry_s  # a failing image store is retried this long, then the item given back
         self.cancel_poll_s = cancel_poll_s  # a running batch reads its cancel keys at most this often
         self._cancel_seen: dict[tuple[str, ...], tuple[float, set[str]]] = {}
         self.keys = RedisKeys(namespace)
@@ -292,7 +343,7 @@ class RedisWorkQueue:
         self._groups: set[str] = set()
         self._last_autoclaim: dict[str, float] = {}
         self._requeue_script = self.r.register_script(_REQUEUE)
-        self._reply_to: dict[str, str] = {}  # request id -> its router's event channel (items taken)
+        self._taken: dict[str, dict[str, str]] = {}  # request id -> the meta of the item taken
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -332,6 +383,8 @@ class RedisWorkQueue:
             item = replace(item, level=level_id)
         if not item.enqueue_s:
             item = replace(item, enqueue_s=time.time())
+
+        item = claim_inputs(item, self.images)
 
         def _put():
             stream = self._ensure_group(level_id, item.tier)
@@ -380,11 +433,62 @@ class RedisWorkQueue:
             return got[0]
 
         item = self._call(_get)
-        if item is not None and item.meta.get("events"):
-            if len(self._reply_to) > 4096:  # items that never finished here
-                self._reply_to.clear()
-            self._reply_to[item.request_id] = str(item.meta["events"])
-        return item
+        if item is None:
+            return None
+        if len(self._taken) > 4096:  # items that never finished here
+            self._taken.clear()
+        self._taken[item.request_id] = dict(item.meta)
+        return self._read_inputs(item)
+
+    def _read_inputs(self, item: WorkItem) -> WorkItem:
+        """An edit's input image and mask, read back from the image store into the item (only in
+        this process: the item goes back into Redis without them, :func:`on_wire`)."""
+        refs = {k: item.meta[ref] for k, ref in INPUT_REFS.items() if item.meta.get(ref) and not item.meta.get(k)}
+        if not refs:
+            return item
+        from argusdiff.service.images import read_image
+
+        meta = dict(item.meta)
+        for k, key in refs.items():
+            data = self._with_store(read_image, self.images, key) if self.images is not None else None
+            if data is None:  # gone (expired): the edit fails, as one with a broken image would
+                meta[k] = "missing"
+            else:
+                meta[k] = base64.b64encode(data).decode("ascii")
+        return replace(item, meta=meta)
+
+    def _with_store(self, fn, *args):
+        """``fn(*args)`` on the image store, retried with jittered waits for :attr:`image_retry_s`;
+        then :class:`QueueUnavailable` (the worker gives the items it holds back, to be redone)."""
+        deadline = time.monotonic() + self.image_retry_s
+        wait = 0.1
+        while True:
+            try:
+                return fn(*args)
+            except Exception as exc:
+                if time.monotonic() + wait > deadline:
+                    raise QueueUnavailable(f"image store unavailable: {exc}") from exc
+                time.sleep(wait * (0.5 + random.random() / 2))
+                wait = min(2.0, wait * 2)
+
+    def _claim_result(self, request_id: str, result: WorkResult) -> WorkResult:
+        """``result`` as it goes into Redis: its image written into the image store in the format
+        the request asked for (``meta["output_format"]``), the result naming it (``image_ref``)."""
+        if result.handoff is not None:
+            result = replace(result, handoff=on_wire(result.handoff))
+        if result.image_png is None:
+            return result
+        if self.images is None:
+            raise ValueError("the Redis transport carries no image bytes: give RedisWorkQueue an image store")
+        from argusdiff.service.images import encode, image_id
+
+        meta = self._taken.get(request_id, {})
+        fmt = meta.get("output_format") or "png"
+        compression = int(meta["output_compression"]) if meta.get("output_compression") else None
+        data = encode(result.image_png, fmt, compression)
+        key = image_id(request_id, fmt)
+        self._with_store(self.images.put, key, data)
+        return replace(result, image_png=None, image_ref=key)
 
     def _receipt(self, item: WorkItem) -> tuple[str, str] | None:
         if not item.receipt or "|" not in item.receipt:
@@ -393,7 +497,7 @@ class RedisWorkQueue:
         return self.keys.stream(level_id, item.tier), entry_id
 
     def ack(self, item: WorkItem) -> None:
-        self._reply_to.pop(item.request_id, None)
+        self._taken.pop(item.request_id, None)
         rec = self._receipt(item)
         if rec is None:
             return
@@ -417,7 +521,7 @@ class RedisWorkQueue:
         if rec is None:
             return
         stream, entry_id = rec
-        back = replace(item, attempt=attempt, receipt=None)
+        back = on_wire(replace(item, attempt=attempt, receipt=None))
 
         def _nack():
             pipe = self.r.pipeline(transaction=True)
@@ -429,6 +533,10 @@ class RedisWorkQueue:
         self._call(_nack)
 
     def result(self, request_id: str, result: WorkResult) -> None:
+        """Store ``result`` (its image in the image store first: :meth:`_claim_result`) and
+        announce it on ``ns:done``."""
+        result = self._claim_result(request_id, result)
+
         def _result():
             pipe = self.r.pipeline(transaction=True)
             pipe.set(self.keys.result(request_id), json.dumps(result.to_dict()), px=self.result_ttl_ms)
@@ -461,13 +569,31 @@ class RedisWorkQueue:
 
     def publish_event(self, request_id: str, event: dict[str, Any]) -> None:
         """A step event of a streamed item, for the router that streams it (best effort): on that
-        router's channel when the item named one, else on the shared ``ns:events``."""
-        channel = self._reply_to.get(request_id, self.keys.events)
+        router's channel when the item named one, else on the shared ``ns:events``. A partial
+        image goes into the image store first; the event carries its key (``ref``)."""
+        meta = self._taken.get(request_id, {})
+        channel = meta.get("events") or self.keys.events
+        if event.get("png") is not None:
+            if self.images is None:
+                raise ValueError("the Redis transport carries no image bytes: a partial image needs an image store")
+            from argusdiff.service.images import partial_id
+
+            key = partial_id(request_id, int(event.get("step") or 0))
+            self.images.put(key, event["png"])  # once: a partial image is worth no retry
+            event = {**{k: v for k, v in event.items() if k != "png"}, "ref": key}
         self._call(self.r.publish, channel, event_to_json(request_id, event))
 
     def fetch_result(self, request_id: str) -> WorkResult | None:
+        """The stored result (its image read back from the image store, when it has one)."""
         raw = self._call(self.r.get, self.keys.result(request_id))
-        return None if raw is None else WorkResult.from_dict(json.loads(raw))
+        if raw is None:
+            return None
+        res = WorkResult.from_dict(json.loads(raw))
+        if res.image_ref and self.images is not None:
+            from argusdiff.service.images import read_image
+
+            res = replace(res, image_png=read_image(self.images, res.image_ref))
+        return res
 
     def wait_result(self, request_id: str, timeout: float | None = None) -> WorkResult | None:
         """The stored result of ``request_id``, polled every :data:`RESULT_POLL_S` until ``timeout``."""
@@ -599,9 +725,16 @@ class AsyncRedisDispatch:
     and url images. Every failure becomes :class:`QueueUnavailable`."""
 
     def __init__(
-        self, url: str, *, namespace: str = "argusdiff", socket_timeout_s: float = 2.0, block_ms: int = 500
+        self,
+        url: str,
+        *,
+        namespace: str = "argusdiff",
+        socket_timeout_s: float = 2.0,
+        block_ms: int = 500,
+        images: Any = None,
     ) -> None:
         self.socket_timeout_s = socket_timeout_s
+        self.images = images  # where an edit's inputs go before its items are queued (claim check)
         self.r = aioredis.Redis.from_url(
             url,
             socket_timeout=socket_timeout_s,
@@ -674,6 +807,11 @@ class AsyncRedisDispatch:
 
         guard = current_guard() if record is not None else None
         items = list(items)
+        if any(k in item.meta for item in items for k in INPUT_REFS):
+            try:
+                items = await asyncio.to_thread(lambda: [claim_inputs(item, self.images) for item in items])
+            except Exception as exc:  # the image store failed: nothing was queued
+                raise QueueUnavailable(f"image store unavailable: {exc}") from exc
         try:
             for item in items:
                 await self._ensure_group(item.level, item.tier)
@@ -762,6 +900,8 @@ class AsyncRedisDispatch:
 
     async def replace_result(self, request_id: str, result: WorkResult) -> None:
         """Rewrite a stored result (e.g. without its image), keeping its expiry; never re-creates one."""
+        if result.image_png is not None:
+            raise ValueError("the Redis transport carries no image bytes")
         await self._do(self.r.set(self.keys.result(request_id), json.dumps(result.to_dict()), xx=True, keepttl=True))
 
     async def claim_handoff(self, request_id: str, ttl_s: float) -> bool:
@@ -770,7 +910,10 @@ class AsyncRedisDispatch:
         return bool(await self._do(self.r.set(key, "1", nx=True, px=max(1, int(ttl_s * 1000)))))
 
     async def publish_result(self, request_id: str, result: WorkResult, ttl_s: float) -> None:
-        """A final result the router made (a cascade hand-off kept or dropped), as a worker's."""
+        """A final result the router made (a cascade hand-off kept or dropped), as a worker's (it
+        names its image in the image store, as the worker's light result did)."""
+        if result.image_png is not None:
+            raise ValueError("the Redis transport carries no image bytes")
         pipe = self.r.pipeline(transaction=True)
         pipe.set(self.keys.result(request_id), json.dumps(result.to_dict()), px=max(1, int(ttl_s * 1000)))
         pipe.xadd(
