@@ -160,10 +160,7 @@ def plan_unified(
             notes.append("no plan found by the solver; using the maximum-throughput plan")
     wg = worker_groups(problem, comp.pools, comp.pidx)
     pass2 = None
-    # a cold start (every worker without a model) moves nothing whatever the plan: the switch pass
-    # has nothing to save, and among its plans of equal (zero) cost it would pick flows and workers
-    # by value alone, ties to the direct path included; the first plan is the best plan
-    if problem.current and used_backend != "fallback" and wg.cost.any():
+    if problem.current and used_backend != "fallback":
         pass2 = switch_pass(problem, m, sol, wg, opts, notes)
         nodes += pass2.nodes
         if pass2.backend and pass2.backend != used_backend:

@@ -625,25 +625,3 @@ def test_a_class_the_cascade_defers_entirely_is_worth_nothing_there():
     assert np.all(group.good[:, others][:, :, above] == 0.0)
     assert np.all(group.val[:, part, above] > 0.99)
     assert np.all(group.val[:, :, [j for j, v in enumerate(group.variants) if v == 0]] > 0.0)
-
-
-@pytest.mark.parametrize("formulation", ["exact", "milp"])
-def test_a_cold_start_is_planned_as_without_a_current_assignment(formulation):
-    """Workers with no model move nothing whatever the plan, so there is no switch pass: the workers
-    and flows are the first plan's, exactly as with no current assignment (the switch pass, free to
-    place them anywhere at zero cost, used to spread a cold cluster over every model and route
-    classes by value alone)."""
-    from solver.paths import problem_from_profile, ranked_deferral
-
-    profile = load_profile("unified-a100")
-    specs = list(profile.cascade_specs)
-    workers = [f"w{i}" for i in range(24)]
-    kw = dict(cascades=specs, cascade_tables=ranked_deferral(profile, specs))
-    fresh = plan_unified(problem_from_profile(profile, workers, 54.0, **kw), formulation=formulation)
-    cold = plan_unified(
-        problem_from_profile(profile, workers, 54.0, current=dict.fromkeys(workers), **kw),
-        formulation=formulation,
-        switch_tolerance=0.02,
-    )
-    assert dict(cold.counts) == dict(fresh.counts)
-    assert cold.routing == fresh.routing
