@@ -101,6 +101,138 @@ def redis_server(tmp_path):
         server.stop()
 
 
+class RedisCluster:
+    """A real Redis Cluster: three ``redis-server --cluster-enabled yes`` primaries on free ports,
+    joined by ``redis-cli --cluster create`` (no replicas). ``url`` is one node's plain URL, as a
+    deployment would give it: the transport detects the cluster behind it."""
+
+    def __init__(self, workdir: Path, nodes: int = 3) -> None:
+        self.workdir = workdir
+        self.ports = _cluster_ports(nodes)
+        self.procs: list[subprocess.Popen] = []
+
+    @property
+    def port(self) -> int:
+        return self.ports[0]
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        binary, cli = shutil.which("redis-server"), shutil.which("redis-cli")
+        if binary is None or cli is None:
+            pytest.skip("redis-server / redis-cli are not installed (apt-get install redis-server)")
+        for port in self.ports:
+            d = self.workdir / f"node-{port}"
+            d.mkdir(parents=True, exist_ok=True)
+            self.procs.append(subprocess.Popen(
+                [binary, "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
+                 "--cluster-config-file", "nodes.conf", "--save", "", "--appendonly", "yes", "--appendfsync",
+                 "everysec", "--dir", str(d), "--protected-mode", "no"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            ))  # fmt: skip
+        for port in self.ports:
+            _wait_pong(port)
+        out = subprocess.run(
+            [cli, "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports), "--cluster-replicas", "0",
+             "--cluster-yes"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        if out.returncode != 0:
+            raise RuntimeError(f"redis-cli --cluster create failed: {out.stdout[-500:]} {out.stderr[-500:]}")
+        import redis
+
+        for port in self.ports:  # every node agrees that every slot is served
+            node = redis.Redis(port=port)
+            for _ in range(500):
+                if b"cluster_state:ok" in node.execute_command("CLUSTER", "INFO"):
+                    break
+                time.sleep(0.01)
+            else:
+                raise RuntimeError("the Redis Cluster did not reach cluster_state:ok")
+            node.close()
+
+    def nodes(self) -> list:
+        import redis
+
+        return [redis.Redis(port=p) for p in self.ports]
+
+    def flush(self) -> None:
+        for node in self.nodes():
+            node.flushall()
+            node.execute_command("SCRIPT", "FLUSH")
+            node.close()
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(timeout=10)
+        self.procs = []
+
+
+def _cluster_ports(n: int) -> list[int]:
+    """``n`` free ports P at most 55535 whose cluster bus port P + 10000 is free too."""
+    import random
+
+    ports: list[int] = []
+    while len(ports) < n:
+        port = random.randint(20000, 55535)
+        if port in ports:
+            continue
+        try:
+            for p in (port, port + 10000):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+        ports.append(port)
+    return ports
+
+
+def _wait_pong(port: int) -> None:
+    for _ in range(500):
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.1) as s:
+                s.sendall(b"PING\r\n")
+                if s.recv(16).startswith(b"+PONG"):
+                    return
+        except OSError:
+            pass
+        time.sleep(0.01)
+    raise RuntimeError(f"redis-server on {port} did not start")
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_session(tmp_path_factory):
+    cluster = RedisCluster(tmp_path_factory.mktemp("redis-cluster"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(params=["single", "cluster"])
+def redis_any(request, tmp_path):
+    """A standalone ``redis-server`` or a three-primary Redis Cluster (one session-wide cluster,
+    emptied before each test): the distributed tests run on both."""
+    if request.param == "single":
+        yield request.getfixturevalue("redis_server")
+        return
+    cluster = request.getfixturevalue("redis_cluster_session")
+    cluster.flush()
+    yield cluster
+
+
+def redis_client(server):
+    """A client of ``server`` (a :class:`RedisServer` or a :class:`RedisCluster`) that sees every key."""
+    from argusdiff.service.transport.redis_client import sync_client
+
+    return sync_client(server.url)
+
+
 @pytest.fixture
 def service_env(monkeypatch):
     """No model hub access and one torch thread for service tests."""

@@ -215,15 +215,15 @@ def test_a_client_that_goes_away_stops_its_running_generation(live_service, demo
     assert wait_until(lambda: worker.stats.cancelled == 1, 60) and gated_unet.calls == 2
 
 
-def test_delete_over_redis(live_service, redis_server, worker_procs):
+def test_delete_over_redis(live_service, redis_any, worker_procs):
     """Distributed: a stand-in worker process (batches of the profiled seconds, slept step by step);
     DELETE of the generation that runs and of the one behind it (queued, or in the same batch):
     both end cancelled, the worker stops mid-run and serves the next request."""
     from argusdiff.config import Settings
 
-    base = service_settings("sm-a100", redis_url=redis_server.url, workers=0, stand_in_scale=None).model_dump()
+    base = service_settings("sm-a100", redis_url=redis_any.url, workers=0, stand_in_scale=None).model_dump()
     server = live_service(Settings.model_validate(base), ready=False)
-    worker_procs(redis_server.url, "wr-0", scale=1.0)
+    worker_procs(redis_any.url, "wr-0", scale=1.0)
     assert wait_until(lambda: httpx.get(f"{server.url}/readyz").status_code == 200, 60)
     url = f"{server.url}/v1/argusdiff/generations"
     first = httpx.post(url, json={"prompt": "a red barn", "wait": False}, timeout=30).json()

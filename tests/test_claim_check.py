@@ -17,7 +17,7 @@ import uuid
 
 import httpx
 import pytest
-from fixtures_service import service_settings
+from fixtures_service import redis_client, service_settings
 
 from argusdiff.service.images import LocalImageStore
 from argusdiff.service.worker import wait_until
@@ -66,24 +66,26 @@ def test_the_detector_finds_images_however_they_are_written():
 
 
 class Monitor:
-    """``redis-cli MONITOR``: every command the server runs, as text, into a file."""
+    """``redis-cli MONITOR`` on every node: every command the servers run, as text, into files."""
 
-    def __init__(self, port: int, path) -> None:
-        self.path = path
-        self.fh = open(path, "wb")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [shutil.which("redis-cli"), "-p", str(port), "monitor"], stdout=self.fh, stderr=subprocess.DEVNULL
-        )
+    def __init__(self, ports: list[int], path) -> None:
+        self.paths = [path.with_suffix(f".{p}.txt") for p in ports]
+        self.fhs = [open(p, "wb") for p in self.paths]  # noqa: SIM115
+        self.procs = [
+            subprocess.Popen([shutil.which("redis-cli"), "-p", str(port), "monitor"], stdout=fh,
+                             stderr=subprocess.DEVNULL)
+            for port, fh in zip(ports, self.fhs, strict=True)
+        ]  # fmt: skip
 
-    def lines(self) -> int:
-        self.fh.flush()
-        return self.path.read_bytes().count(b"\n")
+    def running(self) -> bool:
+        return all(p.poll() is None for p in self.procs)
 
-    def stop(self) -> bytes:
-        self.proc.terminate()
-        self.proc.wait(timeout=10)
-        self.fh.close()
-        return self.path.read_bytes()
+    def stop(self) -> list[bytes]:
+        for proc, fh in zip(self.procs, self.fhs, strict=True):
+            proc.terminate()
+            proc.wait(timeout=10)
+            fh.close()
+        return [p.read_bytes() for p in self.paths]
 
 
 def redis_values(client) -> dict[str, bytes]:
@@ -131,23 +133,23 @@ def _sse(text: str) -> dict[str, list[dict]]:
     return events
 
 
-def test_no_image_bytes_in_redis_with_s3_and_real_workers(redis_server, live_service, worker_procs, s3_env, tmp_path):
+def test_no_image_bytes_in_redis_with_s3_and_real_workers(redis_any, live_service, worker_procs, s3_env, tmp_path):
     import boto3
     from botocore.config import Config
 
     prefix = f"claim-{uuid.uuid4().hex[:8]}/"
     settings = service_settings(
-        redis_url=redis_server.url, workers=0, image_store="s3", image_s3_prefix=prefix
+        redis_url=redis_any.url, workers=0, image_store="s3", image_s3_prefix=prefix
     ).model_dump()
     settings["cache"].update(store="s3", s3_bucket="argusdiff-test", s3_endpoint_url=s3_env["S3_ENDPOINT_URL"])
     settings = type(service_settings()).model_validate(settings)
-    monitor = Monitor(redis_server.port, tmp_path / "monitor.txt")
-    assert wait_until(lambda: monitor.lines() >= 0 and monitor.proc.poll() is None, 5)
+    monitor = Monitor(getattr(redis_any, "ports", [redis_any.port]), tmp_path / "monitor")
+    assert wait_until(monitor.running, 5)
     try:
         server = live_service(settings, ready=False)
         # the workers are told nothing about the image store: they follow the router's announcement
-        worker_procs(redis_server.url, "w1", scale=0.002)
-        worker_procs(redis_server.url, "w2", scale=0.002)
+        worker_procs(redis_any.url, "w1", scale=0.002)
+        worker_procs(redis_any.url, "w2", scale=0.002)
         assert wait_until(lambda: len(server.service.serving) == 2, 30)
         native = f"{server.url}/v1/argusdiff/generations"
         openai_gen = f"{server.url}/v1/images/generations"
@@ -178,8 +180,7 @@ def test_no_image_bytes_in_redis_with_s3_and_real_workers(redis_server, live_ser
         )
         assert edited.status_code == 200, edited.text
         assert base64.b64decode(edited.json()["data"][0]["b64_json"])[:4] == b"\x89PNG"
-        r = redis_server_client(redis_server)
-        values = redis_values(r)
+        values = redis_values(redis_client(redis_any))
     finally:
         seen = monitor.stop()
 
@@ -192,22 +193,17 @@ def test_no_image_bytes_in_redis_with_s3_and_real_workers(redis_server, live_ser
     assert {f"{sync['id']}-0.png", f"{sync['id']}-1.png", f"{later}-0.jpeg"} <= set(names)
     assert sum(".p" in n for n in names) >= 2 and sum(n.endswith(".in.png") for n in names) == 1
     assert sum(n.endswith(".mask.png") for n in names) == 1
-    # ... and Redis never held one: not in any command it ran, not in any key it keeps
-    assert seen.count(b"\n") > 100 and b"XADD" in seen.upper() and b"PUBLISH" in seen.upper()
-    for line in seen.splitlines():
+    # ... and Redis never held one: not in any command a node ran, not in any key it keeps
+    everything = b"".join(seen)
+    assert everything.count(b"\n") > 100 and b"XADD" in everything.upper() and b"PUBLISH" in everything.upper()
+    for line in everything.splitlines():
         assert not images_in(line), (images_in(line), line[:300])
     assert any(k.endswith(f":result:{sync['id']}-0") for k in values)
     for key, value in values.items():
         assert not images_in(value), (key, images_in(value))
 
 
-def redis_server_client(server):
-    import redis
-
-    return redis.Redis.from_url(server.url)
-
-
-def test_an_edit_input_reaches_the_worker_through_the_store_only(redis_server, tmp_path):
+def test_an_edit_input_reaches_the_worker_through_the_store_only(redis_any, tmp_path):
     """The router writes an edit's input image and mask into the store; the stream entry names them;
     the worker gets them back, and an item it gives back goes into Redis without them again."""
     import asyncio
@@ -225,14 +221,14 @@ def test_an_edit_input_reaches_the_worker_through_the_store_only(redis_server, t
     )  # fmt: skip
 
     async def enqueue():
-        aio = AsyncRedisDispatch(redis_server.url, namespace="cc", images=images)
+        aio = AsyncRedisDispatch(redis_any.url, namespace="cc", images=images)
         try:
             await aio.enqueue([item], (rid.rsplit("-", 1)[0], {"id": "x"}, 60))
         finally:
             await aio.close()
 
     asyncio.run(enqueue())
-    q = RedisWorkQueue(redis_server.url, namespace="cc", consumer="w", images=images)
+    q = RedisWorkQueue(redis_any.url, namespace="cc", consumer="w", images=images)
     assert images.get(f"{rid}.in.png") == png and images.get(f"{rid}.mask.png") == mask
     raw = b"".join(v for _id, f in q.r.xrange(q.keys.stream("lv")) for v in f.values())
     assert not images_in(raw) and f"{rid}.in.png".encode() in raw
@@ -245,7 +241,7 @@ def test_an_edit_input_reaches_the_worker_through_the_store_only(redis_server, t
     assert again.attempt == 1 and base64.b64decode(again.meta["edit_image"]) == png
 
 
-def test_step_events_carry_keys_within_a_byte_bound(redis_server, tmp_path):
+def test_step_events_carry_keys_within_a_byte_bound(redis_any, tmp_path):
     """A partial image goes into the store; its event names it and stays under EVENT_MAX_BYTES.
     An event with bytes, or larger than the bound, is refused."""
     from argusdiff.service.transport.redis_streams import EVENT_MAX_BYTES, RedisWorkQueue, event_to_json
@@ -253,7 +249,7 @@ def test_step_events_carry_keys_within_a_byte_bound(redis_server, tmp_path):
     from workers.standin import full_size_png
 
     images = LocalImageStore(tmp_path)
-    q = RedisWorkQueue(redis_server.url, namespace="ev", consumer="w", images=images)
+    q = RedisWorkQueue(redis_any.url, namespace="ev", consumer="w", images=images)
     rid = "gen-" + "cd" * 12 + "-0"
     q.put("lv", WorkItem(request_id=rid, prompt="p", level="lv", meta={"stream": "1", "events": "ev:events:r1"}))
     got = q.get("lv", timeout=1)
@@ -276,11 +272,11 @@ def test_step_events_carry_keys_within_a_byte_bound(redis_server, tmp_path):
         event_to_json(rid, {"type": "progress", "level": "x" * EVENT_MAX_BYTES})
 
 
-def test_a_result_with_an_image_and_no_store_is_refused(redis_server):
+def test_a_result_with_an_image_and_no_store_is_refused(redis_any):
     from argusdiff.service.transport.redis_streams import RedisWorkQueue
     from workers.messages import WorkResult
 
-    q = RedisWorkQueue(redis_server.url, namespace="ns-none", consumer="w")
+    q = RedisWorkQueue(redis_any.url, namespace="ns-none", consumer="w")
     with pytest.raises(ValueError, match="no image bytes"):
         q.result("gen-" + "0" * 24 + "-0", WorkResult(request_id="r", level="a", image_png=b"\x89PNG"))
-    assert q.r.keys("ns-none:result:*") == []
+    assert q.r.keys("{ns-none}:result:*") == []

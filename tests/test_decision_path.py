@@ -248,7 +248,7 @@ def test_simulator_and_live_router_take_the_same_decisions(policy_name, profile_
     assert router.level_load.total() == 0 and not router.inflight
 
 
-def test_redis_cascade_handoff_is_decided_once_by_the_policy(redis_server, tmp_path):
+def test_redis_cascade_handoff_is_decided_once_by_the_policy(redis_any, tmp_path):
     """Redis mode, two routers: a hand-off published by a light worker is decided by exactly one
     router's policy — redone at the heavy level (one heavy item) or dropped — and the client's
     synchronous wait ends with the final result."""
@@ -269,7 +269,7 @@ def test_redis_cascade_handoff_is_decided_once_by_the_policy(redis_server, tmp_p
     async def main():
         routers = []
         for _ in range(2):
-            dispatch = RedisDispatch(redis_server.url, namespace=ns, images=images)
+            dispatch = RedisDispatch(redis_any.url, namespace=ns, images=images)
             await dispatch.start()
             pol = make_policy("diffserve", profile, rng=np.random.default_rng(0), config={"backend": "highs"})
             router = Router(
@@ -279,7 +279,7 @@ def test_redis_cascade_handoff_is_decided_once_by_the_policy(redis_server, tmp_p
             assert plan.workers_at(heavy) and plan.workers_at(light)
             router.set_plan(plan, frozenset(plan.assignment))
             routers.append(router)
-        worker = RedisWorkQueue(redis_server.url, namespace=ns, consumer="w0", images=images)
+        worker = RedisWorkQueue(redis_any.url, namespace=ns, consumer="w0", images=images)
 
         def light_worker_defers() -> None:
             item = worker.get(light, timeout=5)

@@ -9,7 +9,7 @@ import uuid
 
 import httpx
 import pytest
-from fixtures_service import service_settings
+from fixtures_service import redis_client, service_settings
 
 from argusdiff.service.worker import wait_until
 
@@ -82,11 +82,11 @@ def test_a_rejected_request_gives_its_key_back(live_service):
 
 
 @pytest.mark.integration
-def test_retry_through_another_router_gets_the_original(redis_server, live_service, worker_procs):
-    settings = service_settings(redis_url=redis_server.url, workers=0, control_period_s=1.0)
+def test_retry_through_another_router_gets_the_original(redis_any, live_service, worker_procs):
+    settings = service_settings(redis_url=redis_any.url, workers=0, control_period_s=1.0)
     a = live_service(settings, ready=False)
     b = live_service(settings, ready=False)
-    worker_procs(redis_server.url, "w0", scale=0.01)
+    worker_procs(redis_any.url, "w0", scale=0.01)
     assert wait_until(lambda: all(s.service.ready() for s in (a, b)), 30)
     h = _key()
     body = {"prompt": "a harbour at dusk", "n": 2, "wait": False}
@@ -107,28 +107,26 @@ def test_retry_through_another_router_gets_the_original(redis_server, live_servi
     ]
     accepted = a.service.router.accepted + b.service.router.accepted
     assert accepted == 3  # 2 images + 1 image; every retry was a replay
-    key = next(iter(redis_server_keys(redis_server, "argusdiff:idem:*")))
-    assert 0 < redis_ttl(redis_server, key) <= settings.service.result_ttl_s  # expires with the results
+    key = next(iter(redis_server_keys(redis_any, "{argusdiff}:idem:*")))
+    assert 0 < redis_ttl(redis_any, key) <= settings.service.result_ttl_s  # expires with the results
 
 
 def redis_server_keys(server, pattern: str) -> list[bytes]:
-    import redis
 
-    return list(redis.Redis.from_url(server.url).scan_iter(pattern))
+    return list(redis_client(server).scan_iter(pattern))
 
 
 def redis_ttl(server, key: bytes) -> float:
-    import redis
 
-    return redis.Redis.from_url(server.url).pttl(key) / 1000
+    return redis_client(server).pttl(key) / 1000
 
 
 @pytest.mark.integration
-def test_openai_client_sends_the_key_with_extra_headers(redis_server, live_service, worker_procs):
+def test_openai_client_sends_the_key_with_extra_headers(redis_any, live_service, worker_procs):
     openai = pytest.importorskip("openai")
-    settings = service_settings(redis_url=redis_server.url, workers=0, control_period_s=1.0)
+    settings = service_settings(redis_url=redis_any.url, workers=0, control_period_s=1.0)
     server = live_service(settings, ready=False)
-    worker_procs(redis_server.url, "w0", scale=0.01)
+    worker_procs(redis_any.url, "w0", scale=0.01)
     assert wait_until(server.service.ready, 30)
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
     key = {"Idempotency-Key": str(uuid.uuid4())}

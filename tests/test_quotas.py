@@ -119,18 +119,17 @@ def test_quota_keys_must_be_api_keys():
 
 
 @pytest.mark.integration
-def test_redis_quotas_are_one_budget_for_every_router(redis_server):
+def test_redis_quotas_are_one_budget_for_every_router(redis_any):
     """Two routers' quota checks on one Redis: one budget (Redis's clock), and a concurrent slot
     held by one is counted by the other until it is released."""
-    import redis.asyncio as aioredis
-
     from argusdiff.config import QuotasSection
+    from argusdiff.service.transport.redis_client import async_client
     from argusdiff.service.transport.redis_streams import RedisKeys
 
     cfg = QuotasSection.model_validate({"default": {"requests_per_minute": 4, "concurrent": 2}})
 
     async def run() -> None:
-        clients = [aioredis.Redis.from_url(redis_server.url) for _ in range(2)]
+        clients = [async_client(redis_any.url) for _ in range(2)]
         a, b = (Quotas(cfg, RedisQuotaStore(c, RedisKeys("qx")), retry_after_s=2, lease_s=60) for c in clients)
         leases = [await a.admit(None, 1, "s1"), await b.admit(None, 1, "s2")]
         with pytest.raises(Exception) as full:

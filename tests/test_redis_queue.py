@@ -20,9 +20,9 @@ def _item(i: int, level: str = "a") -> WorkItem:
     return WorkItem(request_id=f"r{i}", prompt=f"prompt {i}", level=level, seed=i)
 
 
-def test_put_get_ack_fifo(redis_server, tmp_path):
+def test_put_get_ack_fifo(redis_any, tmp_path):
     images = LocalImageStore(tmp_path)
-    q = RedisWorkQueue(redis_server.url, namespace="t1", consumer="w1", images=images)
+    q = RedisWorkQueue(redis_any.url, namespace="t1", consumer="w1", images=images)
     rid = "gen-" + "0" * 24 + "-0"
     q.put("a", WorkItem(request_id=rid, prompt="prompt 0", level="a", seed=0))
     for i in range(1, 3):
@@ -43,10 +43,10 @@ def test_put_get_ack_fifo(redis_server, tmp_path):
     assert q.get("a", timeout=0.05) is None
 
 
-def test_dead_consumer_entries_are_requeued(redis_server):
-    dead = RedisWorkQueue(redis_server.url, namespace="t2", consumer="dead")
-    alive = RedisWorkQueue(redis_server.url, namespace="t2", consumer="alive")
-    control = RedisWorkQueue(redis_server.url, namespace="t2", consumer="control")
+def test_dead_consumer_entries_are_requeued(redis_any):
+    dead = RedisWorkQueue(redis_any.url, namespace="t2", consumer="dead")
+    alive = RedisWorkQueue(redis_any.url, namespace="t2", consumer="alive")
+    control = RedisWorkQueue(redis_any.url, namespace="t2", consumer="control")
     for i in range(4):
         control.put("a", _item(i))
     taken = [dead.get("a", timeout=0.1) for _ in range(2)]
@@ -68,9 +68,9 @@ def test_dead_consumer_entries_are_requeued(redis_server):
     assert sorted(ids) == [("r0", 1), ("r1", 1), ("r2", 0), ("r3", 0)]
 
 
-def test_autoclaim_of_long_idle_entries(redis_server):
-    dead = RedisWorkQueue(redis_server.url, namespace="t3", consumer="dead")
-    other = RedisWorkQueue(redis_server.url, namespace="t3", consumer="other", claim_idle_s=0.0)
+def test_autoclaim_of_long_idle_entries(redis_any):
+    dead = RedisWorkQueue(redis_any.url, namespace="t3", consumer="dead")
+    other = RedisWorkQueue(redis_any.url, namespace="t3", consumer="other", claim_idle_s=0.0)
     dead.put("a", _item(0))
     assert dead.get("a", timeout=0.1) is not None
     got = other.get("a", timeout=0.1)
@@ -79,8 +79,8 @@ def test_autoclaim_of_long_idle_entries(redis_server):
     assert other.pending("a") == 0
 
 
-def test_nack_and_migrate(redis_server):
-    q = RedisWorkQueue(redis_server.url, namespace="t4", consumer="w")
+def test_nack_and_migrate(redis_any):
+    q = RedisWorkQueue(redis_any.url, namespace="t4", consumer="w")
     q.put("a", _item(0))
     q.put("a", _item(1))
     got = q.get("a", timeout=0.1)
@@ -92,8 +92,8 @@ def test_nack_and_migrate(redis_server):
     assert moved.level == "b" and moved.meta["migrated_from"] == "a"
 
 
-def test_plan_and_heartbeats(redis_server):
-    q = RedisControlStore(redis_server.url, namespace="t5")
+def test_plan_and_heartbeats(redis_any):
+    q = RedisControlStore(redis_any.url, namespace="t5")
     assert q.read_plan_data() is None
     q.publish_plan_data({"version": 3, "assignment": {"w": "a"}})
     assert q.read_plan_data()["version"] == 3
@@ -118,15 +118,16 @@ def _tiered(rid: str, tier: str | None, level: str = "a") -> WorkItem:
     return WorkItem(request_id=rid, prompt=rid, level=level, meta={"tier": tier} if tier else {})
 
 
-def test_workers_pull_the_highest_priority_tier_first(redis_server):
+def test_workers_pull_the_highest_priority_tier_first(redis_any):
     """One stream per (level, tier), untiered and standard work on the level's plain stream; a
     worker takes interactive work first, FIFO within a tier; the counts cover every stream."""
-    q = RedisWorkQueue(redis_server.url, namespace="t7", consumer="w")
+    q = RedisWorkQueue(redis_any.url, namespace="t7", consumer="w")
     for rid, tier in [("b1", "batch"), ("s1", "standard"), ("u1", None), ("b2", "batch"), ("i1", "interactive"),
                       ("s2", "standard"), ("i2", "interactive")]:  # fmt: skip
         q.put("a", _tiered(rid, tier))
     assert q.r.xlen(q.keys.stream("a")) == 3 and q.r.xlen(q.keys.stream("a", "interactive")) == 2
-    assert q.keys.stream("a", None) == q.keys.stream("a", "standard") == "t7:q:a"
+    assert q.keys.stream("a", None) == q.keys.stream("a", "standard") == "{t7:q:a}"  # the level's hash tag
+    assert q.keys.stream("a", "batch") == "{t7:q:a}@batch"
     assert q.qsize("a") == 7
     first, nxt = q.get("a", timeout=0.1), q.get("a", timeout=0.1)
     assert (first.request_id, nxt.request_id) == ("i1", "i2") and first.tier == "interactive"
@@ -141,12 +142,12 @@ def test_workers_pull_the_highest_priority_tier_first(redis_server):
     assert (q.qsize("a"), q.pending("a")) == (0, 0)
 
 
-def test_tier_streams_requeue_migrate_and_block(redis_server):
+def test_tier_streams_requeue_migrate_and_block(redis_any):
     import threading
     import time
 
-    dead = RedisWorkQueue(redis_server.url, namespace="t8", consumer="dead")
-    control = RedisWorkQueue(redis_server.url, namespace="t8", consumer="control")
+    dead = RedisWorkQueue(redis_any.url, namespace="t8", consumer="dead")
+    control = RedisWorkQueue(redis_any.url, namespace="t8", consumer="control")
     for rid, tier in [("b1", "batch"), ("i1", "interactive"), ("s1", None)]:
         dead.put("a", _tiered(rid, tier))
     got = [dead.get("a", timeout=0.1) for _ in range(3)]
@@ -173,13 +174,13 @@ def test_tier_streams_requeue_migrate_and_block(redis_server):
     assert control.pending("c") == 0
 
 
-def test_router_enqueue_and_cancel_on_tier_streams(redis_server):
+def test_router_enqueue_and_cancel_on_tier_streams(redis_any):
     import asyncio
 
     from argusdiff.service.transport.redis_streams import AsyncRedisDispatch
 
     async def go():
-        aio = AsyncRedisDispatch(redis_server.url, namespace="t9")
+        aio = AsyncRedisDispatch(redis_any.url, namespace="t9")
         try:
             entries = await aio.enqueue([_tiered("i1", "interactive"), _tiered("s1", "standard")])
             assert entries[0].startswith("interactive@") and "@" not in entries[1]
@@ -189,5 +190,5 @@ def test_router_enqueue_and_cancel_on_tier_streams(redis_server):
             await aio.close()
 
     asyncio.run(go())
-    q = RedisWorkQueue(redis_server.url, namespace="t9", consumer="w")
+    q = RedisWorkQueue(redis_any.url, namespace="t9", consumer="w")
     assert q.qsize("a") == 0 and q.get("a", timeout=0.05) is None

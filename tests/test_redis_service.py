@@ -39,11 +39,11 @@ def _poll(server, gid: str, timeout: float = 60.0) -> dict:
     return httpx.get(f"{server.url}/v1/argusdiff/generations/{gid}").json()
 
 
-def test_openai_client_through_redis_workers(redis_server, live_service, worker_procs):
+def test_openai_client_through_redis_workers(redis_any, live_service, worker_procs):
     openai = pytest.importorskip("openai")
-    server = live_service(_settings(redis_server.url), ready=False)
-    worker_procs(redis_server.url, "w1")
-    worker_procs(redis_server.url, "w2")
+    server = live_service(_settings(redis_any.url), ready=False)
+    worker_procs(redis_any.url, "w1")
+    worker_procs(redis_any.url, "w2")
     _wait_workers(server, 2)
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
     out = client.images.generate(prompt="a castle on a hill", n=3, response_format="b64_json")
@@ -58,10 +58,10 @@ def test_openai_client_through_redis_workers(redis_server, live_service, worker_
     assert wait_until(workers_follow_plan, 20, 0.1)
 
 
-def test_killed_worker_mid_request_completes_elsewhere(redis_server, live_service, worker_procs):
+def test_killed_worker_mid_request_completes_elsewhere(redis_any, live_service, worker_procs):
     # every request takes ~1 s on a stand-in worker (sm-a100 levels, scale 0.25-ish)
-    server = live_service(_settings(redis_server.url), ready=False)
-    procs = {w: worker_procs(redis_server.url, w, scale=0.5) for w in ("w1", "w2")}
+    server = live_service(_settings(redis_any.url), ready=False)
+    procs = {w: worker_procs(redis_any.url, w, scale=0.5) for w in ("w1", "w2")}
     _wait_workers(server, 2)
     queue = server.service.dispatch.queue
     best = server.service.profile.ids[0]

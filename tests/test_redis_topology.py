@@ -47,15 +47,28 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "argusdiff", *args], capture_output=True, text=True, timeout=120)
 
 
-def test_a_cluster_node_is_refused_naming_the_topology(tmp_path):
+def test_a_cluster_that_serves_no_slots_is_refused_naming_its_state(tmp_path):
     proc, url = _start(tmp_path, "cluster", "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
     try:
         for cmd in (["worker", "--redis", url, "--stand-in", "0.01"], ["serve", "--redis", url, "--port", "0"]):
             out = _cli(*cmd)
             assert out.returncode == 2, out.stderr
-            assert "--redis" in out.stderr and "cluster mode" in out.stderr and "Traceback" not in out.stderr
+            assert "--redis" in out.stderr and "cluster_state:fail" in out.stderr and "Traceback" not in out.stderr
     finally:
         stop_process(proc)
+
+
+def test_a_three_primary_cluster_passes_and_a_replica_node_url_is_detected(redis_cluster_session):
+    from argusdiff.service.transport.redis_client import cluster_mode, sync_client
+    from argusdiff.service.transport.redis_topology import inspect_topology
+
+    cluster = redis_cluster_session
+    for port in cluster.ports:  # any node's plain URL: the cluster behind it is found
+        url = f"redis://127.0.0.1:{port}/0"
+        client = redis.Redis.from_url(url)
+        assert inspect_topology(client, url) == ([], [])  # AOF on every primary, no eviction
+        client.close()
+        assert cluster_mode(url) and type(sync_client(url)).__name__ == "RedisCluster"
 
 
 def test_a_replica_is_refused_and_a_risky_primary_warned(tmp_path):
@@ -91,13 +104,13 @@ def test_the_supported_setup_passes_quietly(redis_server):
     client.close()
 
 
-def test_a_stale_leader_cannot_requeue_a_dead_workers_items(redis_server):
+def test_a_stale_leader_cannot_requeue_a_dead_workers_items(redis_any):
     from argusdiff.service.errors import FencedOut
     from argusdiff.service.transport.redis_streams import RedisKeys, RedisWorkQueue
 
     keys = RedisKeys()
-    leader = RedisWorkQueue(redis_server.url, consumer="control-r2")
-    dead = RedisWorkQueue(redis_server.url, consumer="w-dead")
+    leader = RedisWorkQueue(redis_any.url, consumer="control-r2")
+    dead = RedisWorkQueue(redis_any.url, consumer="w-dead")
     item = WorkItem(request_id="gen-x-0", prompt="p", level="lv", seed=1, deadline_s=0.0, enqueue_s=1.0)
     leader.put("lv", item)
     assert dead.get("lv", timeout=1) is not None  # the worker took it, then died
@@ -107,5 +120,5 @@ def test_a_stale_leader_cannot_requeue_a_dead_workers_items(redis_server):
     assert leader.pending_by_consumer("lv") == {"w-dead": 1} and leader.qsize("lv") == 0
     assert leader.requeue_consumer("lv", "w-dead", fence=(keys.leader, "r2|7")) == 1
     assert leader.pending_by_consumer("lv").get("w-dead", 0) == 0 and leader.qsize("lv") == 1
-    again = RedisWorkQueue(redis_server.url, consumer="w-new").get("lv", timeout=1)
+    again = RedisWorkQueue(redis_any.url, consumer="w-new").get("lv", timeout=1)
     assert again is not None and again.request_id == "gen-x-0" and again.attempt == 1

@@ -19,6 +19,7 @@ import pytest
 import redis
 from fixtures_service import service_settings
 
+from argusdiff.service.transport.redis_client import sync_client
 from argusdiff.service.worker import wait_until
 from workers.messages import WorkItem
 
@@ -26,17 +27,17 @@ pytestmark = pytest.mark.integration
 
 
 def _records(url: str, namespace: str = "argusdiff") -> int:
-    r = redis.Redis.from_url(url)
+    r = sync_client(url)
     try:
-        return sum(1 for _ in r.scan_iter(f"{namespace}:req:*"))
+        return sum(1 for _ in r.scan_iter(f"{{{namespace}}}:req:*"))
     finally:
         r.close()
 
 
 def _entries(url: str, namespace: str = "argusdiff") -> int:
-    r = redis.Redis.from_url(url)
+    r = sync_client(url)
     try:
-        return sum(r.xlen(k) for k in r.scan_iter(f"{namespace}:q:*"))
+        return sum(r.xlen(k) for k in r.scan_iter(f"{{{namespace}:q:*", _type="STREAM"))
     finally:
         r.close()
 
@@ -71,16 +72,16 @@ def test_enqueue_refused_during_a_freeze_never_runs_later(redis_server):
     # Redis resumed and read the buffered step: it must not have run
     r = redis.Redis.from_url(redis_server.url)
     assert r.ping()
-    assert r.exists("argusdiff:req:gen-a") == 1 and r.exists("argusdiff:req:gen-b") == 0
+    assert r.exists("{argusdiff}:req:gen-a") == 1 and r.exists("{argusdiff}:req:gen-b") == 0
     assert _entries(redis_server.url) == 1
     r.close()
 
 
-def test_enqueue_retried_after_it_ran_queues_once(redis_server):
+def test_enqueue_retried_after_it_ran_queues_once(redis_any):
     from argusdiff.service.transport.redis_streams import AsyncRedisDispatch
 
     async def scenario() -> tuple[list, list]:
-        aio = AsyncRedisDispatch(redis_server.url)
+        aio = AsyncRedisDispatch(redis_any.url)
         try:
             record = ("gen-c", {"id": "gen-c"}, 60.0)
             return await aio.enqueue([_item("gen-c-0")], record), await aio.enqueue([_item("gen-c-0")], record)
@@ -89,7 +90,61 @@ def test_enqueue_retried_after_it_ran_queues_once(redis_server):
 
     once, again = asyncio.run(scenario())
     assert once[0] is not None and again == [None]
-    assert _entries(redis_server.url) == 1 and _records(redis_server.url) == 1
+    assert _entries(redis_any.url) == 1 and _records(redis_any.url) == 1
+
+
+def _node_of(cluster, key: str) -> int:
+    """The index (in ``cluster.ports``) of the primary that serves ``key``'s slot."""
+    from redis.crc import key_slot
+
+    slot = key_slot(key.encode())
+    for start, end, primary, *_ in redis.Redis(port=cluster.port).execute_command("CLUSTER", "SLOTS"):
+        if start <= slot <= end:
+            return cluster.ports.index(int(primary[1]))
+    raise AssertionError(f"no node serves slot {slot}")
+
+
+def test_cluster_a_request_refused_while_the_control_node_froze_never_runs(redis_cluster_session):
+    """On a Redis Cluster a request's items are queued at their level's node, then its record (the
+    acceptance) at the control node. The control node freezes after the items were queued: the
+    router answers 503 "not accepted", and that stays true: when the node resumes, the workers
+    drop the items (no record by the deadline), and nothing is generated."""
+    import os
+    import signal
+
+    from argusdiff.service.errors import QueueUnavailable
+    from argusdiff.service.transport.redis_streams import AsyncRedisDispatch, RedisKeys, RedisWorkQueue
+
+    cluster = redis_cluster_session
+    cluster.flush()
+    keys = RedisKeys("ct")
+    control = _node_of(cluster, keys.leader)
+    level = next(f"lv{i}" for i in range(100) if _node_of(cluster, keys.stream(f"lv{i}")) != control)
+    frozen = cluster.procs[control]
+
+    async def scenario() -> bool:
+        aio = AsyncRedisDispatch(cluster.url, namespace="ct", socket_timeout_s=0.5)
+        try:
+            await aio.enqueue([_item("gen-a-0", level)], ("gen-a", {"id": "gen-a"}, 60.0))  # clock, groups
+            os.kill(frozen.pid, signal.SIGSTOP)
+            try:
+                await aio.enqueue([_item("gen-b-0", level)], ("gen-b", {"id": "gen-b"}, 60.0))
+                return False
+            except QueueUnavailable:
+                return True
+            finally:
+                os.kill(frozen.pid, signal.SIGCONT)
+        finally:
+            await aio.close()
+
+    assert asyncio.run(scenario())
+    r = sync_client(cluster.url)
+    assert r.exists("{ct}:req:gen-a") == 1 and r.exists("{ct}:req:gen-b") == 0
+    assert r.xlen(keys.stream(level)) == 2  # both queued at the level's node; only gen-a accepted
+    worker = RedisWorkQueue(cluster.url, namespace="ct", consumer="w")
+    taken = [worker.get(level, timeout=0.2) for _ in range(3)]
+    assert [t.request_id for t in taken if t is not None] == ["gen-a-0"]  # gen-b-0 dropped, never run
+    assert r.xlen(keys.stream(level)) == 1 and worker.pending(level) == 1  # gen-a-0, taken
 
 
 def _settings(url: str, **kw):

@@ -168,11 +168,11 @@ class Clients:
 
 
 def _done_counts(r: redis.Redis) -> Counter:
-    return Counter(fields[b"id"].decode() for _id, fields in r.xrange("argusdiff:done"))
+    return Counter(fields[b"id"].decode() for _id, fields in r.xrange("{argusdiff}:done"))
 
 
 def _holder(r: redis.Redis) -> tuple[str, int] | None:
-    raw = r.get("argusdiff:leader")
+    raw = r.get("{argusdiff}:leader")
     if raw is None:
         return None
     rid, _, tok = raw.decode().rpartition("|")
@@ -181,7 +181,7 @@ def _holder(r: redis.Redis) -> tuple[str, int] | None:
 
 def _plan_log(r: redis.Redis) -> list[dict]:
     out = []
-    for _id, f in r.xrange("argusdiff:plan:log"):
+    for _id, f in r.xrange("{argusdiff}:plan:log"):
         out.append({"version": int(f[b"version"]), "token": int(f[b"token"]), "router": f[b"router"].decode(),
                     "created_s": float(f[b"created_s"])})  # fmt: skip
     return out
@@ -190,7 +190,7 @@ def _plan_log(r: redis.Redis) -> list[dict]:
 def _inflight(r: redis.Redis, rid: str) -> int:
     import json
 
-    raw = r.get(f"argusdiff:router:{rid}")
+    raw = r.get(f"{{argusdiff}}:router:{rid}")
     return int(json.loads(raw).get("inflight") or 0) if raw else 0
 
 
@@ -220,7 +220,7 @@ def test_kill_the_leader_mid_load(redis_server, tier):
     def kill_when_busy(i: int) -> None:
         # kill -9 once the leader has accepted requests in flight (sync clients waiting on it)
         if not killed and i >= 12 and _inflight(r, leader.rid) >= 1:
-            killed["version"] = int(r.get("argusdiff:plan:version"))
+            killed["version"] = int(r.get("{argusdiff}:plan:version"))
             killed["t"] = time.time()
             os.kill(leader.proc.pid, signal.SIGKILL)
             leader.proc.wait()
@@ -258,7 +258,7 @@ def test_kill_the_leader_mid_load(redis_server, tier):
     with pytest.raises(StaleLeader):
         store.publish_plan(type(plan)(**{**{f: getattr(plan, f) for f in plan.__dataclass_fields__},
                                          "version": plan.version + 100}))  # fmt: skip
-    assert int(r.get("argusdiff:plan:version")) < plan.version + 100
+    assert int(r.get("{argusdiff}:plan:version")) < plan.version + 100
 
 
 def _idem_router(r: redis.Redis, key: str) -> str | None:
@@ -267,7 +267,7 @@ def _idem_router(r: redis.Redis, key: str) -> str | None:
 
     auth = hashlib.sha256(b"").hexdigest()
     digest = hashlib.sha256(f"native\0{auth}\0{key}".encode()).hexdigest()
-    raw = r.get(f"argusdiff:idem:{digest}")
+    raw = r.get(f"{{argusdiff}}:idem:{digest}")
     return json.loads(raw).get("router") if raw else None
 
 

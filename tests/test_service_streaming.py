@@ -12,7 +12,7 @@ import socket
 
 import httpx
 import pytest
-from fixtures_service import demo_model_settings, service_settings
+from fixtures_service import demo_model_settings, redis_client, service_settings
 
 from argusdiff.service.worker import wait_until
 
@@ -61,27 +61,26 @@ def test_openai_client_streams_progress_and_partial_images_embedded(live_service
     assert [e.step for e in progress] == list(range(progress[0].step, steps + 1)) and progress[-1].step == steps
 
 
-def test_openai_client_streams_through_redis(redis_server, live_service, worker_procs):
-    server = live_service(service_settings(redis_url=redis_server.url, workers=0), ready=False)
-    worker_procs(redis_server.url, "w1", scale=0.002)
+def test_openai_client_streams_through_redis(redis_any, live_service, worker_procs):
+    server = live_service(service_settings(redis_url=redis_any.url, workers=0), ready=False)
+    worker_procs(redis_any.url, "w1", scale=0.002)
     assert wait_until(lambda: server.service.serving, 30)
     events = _collect(_client(server).images.generate(prompt="a castle", stream=True, partial_images=3))
     assert [e.partial_image_index for e in events["image_generation.partial_image"]] == [0, 1, 2]
     assert len(events["image_generation.completed"]) == 1 and len(events["argusdiff.progress"]) > 3
 
 
-def test_redis_holds_no_image_only_its_key_in_the_image_store(redis_server, live_service, worker_procs):
-    import redis
+def test_redis_holds_no_image_only_its_key_in_the_image_store(redis_any, live_service, worker_procs):
 
-    server = live_service(service_settings(redis_url=redis_server.url, workers=0), ready=False)
-    worker_procs(redis_server.url, "w1")
+    server = live_service(service_settings(redis_url=redis_any.url, workers=0), ready=False)
+    worker_procs(redis_any.url, "w1")
     assert wait_until(lambda: server.service.serving, 30)
-    r = redis.Redis.from_url(redis_server.url)
+    r = redis_client(redis_any)
     native = f"{server.url}/v1/argusdiff/generations"
 
     def stored(gid: str) -> dict:
-        assert wait_until(lambda: r.get(f"argusdiff:result:{gid}-0") is not None, 10), gid
-        raw = json.loads(r.get(f"argusdiff:result:{gid}-0"))
+        assert wait_until(lambda: r.get(f"{{argusdiff}}:result:{gid}-0") is not None, 10), gid
+        raw = json.loads(r.get(f"{{argusdiff}}:result:{gid}-0"))
         assert raw["image_png"] is None, f"{gid}: an image in Redis"
         return raw
 
@@ -186,14 +185,14 @@ def test_url_images_in_a_private_s3_store_are_served_by_the_router(live_service,
     assert img.status_code == 200 and img.headers["content-type"] == "image/webp" and img.content[8:12] == b"WEBP"
 
 
-def test_step_events_go_only_to_the_router_that_streams(redis_server, live_service, worker_procs):
+def test_step_events_go_only_to_the_router_that_streams(redis_any, live_service, worker_procs):
     import redis
 
-    server = live_service(service_settings(redis_url=redis_server.url, workers=0), ready=False)
-    worker_procs(redis_server.url, "w1", scale=0.002)
+    server = live_service(service_settings(redis_url=redis_any.url, workers=0), ready=False)
+    worker_procs(redis_any.url, "w1", scale=0.002)
     assert wait_until(lambda: server.service.serving, 30)
-    listener = redis.Redis.from_url(redis_server.url).pubsub(ignore_subscribe_messages=True)
-    listener.psubscribe("argusdiff:events*")  # the shared channel and every router's
+    listener = redis.Redis.from_url(redis_any.url).pubsub(ignore_subscribe_messages=True)
+    listener.psubscribe("{argusdiff}:events*")  # the shared channel and every router's
     assert wait_until(lambda: listener.get_message(timeout=0.1) is None and listener.subscribed, 10)
     events = _collect(_client(server).images.generate(prompt="a harbour", stream=True, partial_images=2))
     assert len(events["image_generation.partial_image"]) == 2

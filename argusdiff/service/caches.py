@@ -32,6 +32,7 @@ def replicated_index(settings: Any) -> Any:
     url = settings.service.redis_url
     if not (url and c.enabled and c.index == "hnsw" and c.replication == "auto"):
         return None
+    from argusdiff.service.transport import redis_client
     from cache.index import HnswIndex
     from cache.replication import CacheLog, ReplicatedIndex
 
@@ -40,7 +41,10 @@ def replicated_index(settings: Any) -> Any:
     )
     return ReplicatedIndex(
         local,
-        CacheLog.from_url(url, settings.service.namespace, timeout_s=c.timeout_s or 5.0),
+        CacheLog(  # a cluster-aware client; the control keys' hash tag (one slot of a cluster)
+            redis_client.sync_client(url, socket_timeout=c.timeout_s or 5.0, socket_connect_timeout=c.timeout_s or 5.0),
+            redis_client.control_prefix(settings.service.namespace),
+        ),
         snapshot_every=c.replication_snapshot_every,
     )
 

@@ -84,8 +84,9 @@ class RedisControlStore:
             if assign:
                 pipe.hset(self.keys.plan_assign, mapping=assign)
             pipe.set(self.keys.plan_version, int(plan_json.get("version", 0)))
-            pipe.publish(self.keys.plan_channel, str(plan_json.get("version", "")))
             pipe.execute()
+            # after the write (a cluster runs no PUBLISH inside a transaction)
+            self.r.publish(self.keys.plan_channel, str(plan_json.get("version", "")))
 
         self._call(_pub)
 

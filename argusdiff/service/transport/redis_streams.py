@@ -40,6 +40,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import logging
 import random
 import secrets
 import time
@@ -58,7 +59,10 @@ from redis.retry import Retry as SyncRetry
 from argusdiff.domain import TIER_PRIORITY, Tier, tier_rank
 from argusdiff.service.errors import FencedOut, QueueUnavailable
 from argusdiff.service.transport.protocol import summarize, wait_result
+from argusdiff.service.transport.redis_client import async_client, control_prefix, is_cluster_client
 from workers.messages import WorkItem, WorkResult
+
+log = logging.getLogger("argusdiff.redis")
 
 __all__ = ["AsyncRedisDispatch", "RedisKeys", "RedisWorkQueue", "decode", "redis_call", "sync_client"]
 
@@ -69,29 +73,36 @@ RESULT_POLL_S = 0.02
 
 
 class RedisKeys:
-    """Every key of a namespace: the work queue's, the results' and the control store's."""
+    """Every key of a namespace: the work queue's, the results' and the control store's.
+
+    Hash tags (a Redis Cluster puts keys with one tag in one slot): every control key starts with
+    the namespace as a tag, ``{ns}:`` (:func:`~argusdiff.service.transport.redis_client.control_prefix`),
+    and a level's streams (with their enqueue markers and re-queue fence) with a tag of the level's
+    own, ``{ns:q:<level>}``, so a cluster shards the work by level and every atomic step touches one
+    slot. ``namespace`` is the plain name (``[service] namespace``) or its tagged prefix."""
 
     def __init__(self, namespace: str = "argusdiff") -> None:
-        self.ns = namespace
-        self.group = f"{namespace}:workers"
-        self.done = f"{namespace}:done"
-        self.plan = f"{namespace}:plan"
-        self.plan_channel = f"{namespace}:plan-changed"
-        self.workers = f"{namespace}:workers"
-        self.deployment = f"{namespace}:deployment"
-        self.events = f"{namespace}:events"  # workers that name no router's channel publish here
+        self.name = namespace[1:-1] if namespace.startswith("{") and namespace.endswith("}") else namespace
+        ns = self.ns = control_prefix(self.name)
+        self.group = f"{self.name}:workers"  # the consumer group of every stream (a name, not a key)
+        self.done = f"{ns}:done"
+        self.plan = f"{ns}:plan"
+        self.plan_channel = f"{ns}:plan-changed"
+        self.workers = f"{ns}:workers"
+        self.deployment = f"{ns}:deployment"
+        self.events = f"{ns}:events"  # workers that name no router's channel publish here
         # many routers (argusdiff.service.leader): the lease, its fencing tokens, the plan's version,
         # the policy state published with it and the log of plan writes
-        self.leader = f"{namespace}:leader"
-        self.leader_epoch = f"{namespace}:leader:epoch"
-        self.plan_version = f"{namespace}:plan:version"
-        self.plan_state = f"{namespace}:plan:state"
-        self.plan_log = f"{namespace}:plan:log"
+        self.leader = f"{ns}:leader"
+        self.leader_epoch = f"{ns}:leader:epoch"
+        self.plan_version = f"{ns}:plan:version"
+        self.plan_state = f"{ns}:plan:state"
+        self.plan_log = f"{ns}:plan:log"
         # what a worker reads of a plan: its own entry (``plan:assign``, worker -> level JSON) and
         # the plan without the assignment (``plan:view``, see :func:`worker_view`)
-        self.plan_assign = f"{namespace}:plan:assign"
-        self.plan_view = f"{namespace}:plan:view"
-        self.workers_beat = f"{namespace}:workers:beat"  # worker id -> heartbeat expiry (ZSET)
+        self.plan_assign = f"{ns}:plan:assign"
+        self.plan_view = f"{ns}:plan:view"
+        self.workers_beat = f"{ns}:workers:beat"  # worker id -> heartbeat expiry (ZSET)
 
     def quota(self, tenant: str, limit: str) -> str:
         """A tenant's rate-limit bucket or concurrent slots (:mod:`argusdiff.service.quotas`);
@@ -107,13 +118,26 @@ class RedisKeys:
         """Set (NX) by the one router that decides a cascade hand-off of ``request_id``."""
         return f"{self.ns}:handoff:{request_id}"
 
+    def level_tag(self, level_id: str) -> str:
+        """The hash tag of ``level_id``'s keys: its streams, enqueue markers and re-queue fence."""
+        return "{" + f"{self.name}:q:{level_id}" + "}"
+
     def stream(self, level_id: str, tier: str | None = None) -> str:
         """The stream of ``level_id``'s work of ``tier`` (``standard``, no tier or an unknown one:
         the level's plain stream, so untiered traffic uses one stream per level)."""
         name = TIER_PRIORITY[tier_rank(tier)]
         if name == Tier.STANDARD.value:
-            return f"{self.ns}:q:{level_id}"
-        return f"{self.ns}:q:{level_id}@{name}"
+            return self.level_tag(level_id)
+        return f"{self.level_tag(level_id)}@{name}"
+
+    def enqueued(self, level_id: str, generation_id: str) -> str:
+        """Cluster mode: set when a request's items were queued at ``level_id`` (a retried enqueue
+        queues them once)."""
+        return f"{self.level_tag(level_id)}:enq:{generation_id}"
+
+    def fence(self, level_id: str) -> str:
+        """Cluster mode: the highest leader token that re-queued at ``level_id``."""
+        return f"{self.level_tag(level_id)}:fence"
 
     def streams(self, level_id: str) -> tuple[str, ...]:
         """Every stream of ``level_id``, in pull order (highest-priority tier first)."""
@@ -228,6 +252,35 @@ if fixed == 2 then redis.call('SET', KEYS[2], ARGV[6], 'PX', ARGV[7]) end
 return out
 """
 
+#: Cluster mode, one level's part of an enqueue (its keys share the level's slot): KEYS[1] the
+#: request's marker at this level (set for ARGV[1] ms; 0: no marker, a hand-off), then one stream per
+#: item (ARGV[2...]: their JSON). A marker already there means a retry of a part that ran:
+#: {'exists'}; else {'ok', entry ids...}.
+_ENQUEUE_LEVEL = """
+if ARGV[1] ~= '0' then
+  if redis.call('EXISTS', KEYS[1]) == 1 then return {'exists'} end
+  redis.call('SET', KEYS[1], '1', 'PX', ARGV[1])
+end
+local out = {'ok'}
+for i = 2, #KEYS do
+  out[#out + 1] = redis.call('XADD', KEYS[i], '*', 'item', ARGV[i])
+end
+return out
+"""
+
+#: Cluster mode, a worker's check of an item it took: {whether the request's record exists, the
+#: control slot's clock in ms} (KEYS[1]: the record).
+_COMMITTED = """
+local t = redis.call('TIME')
+return {redis.call('EXISTS', KEYS[1]), tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}
+"""
+
+#: Redis's clock (ms) on the node of KEYS[1] (the control slot's, on a cluster).
+_CLOCK = """
+local t = redis.call('TIME')
+return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
 #: How long a Redis clock reading stays good for enqueue deadlines (s): clocks drift apart slowly.
 CLOCK_READING_S = 5.0
 
@@ -253,6 +306,30 @@ end
 return moved
 """
 
+#: Cluster mode: the re-queue of :data:`_REQUEUE`, fenced by the level's own copy of the highest
+#: leader token that re-queued there (KEYS[2], in the level's slot; ARGV[3] this leader's token, ''
+#: none): a token below it is refused (-1), so once a newer leader has acted at a level a stale one
+#: cannot; before it, the pending check alone keeps an item from being queued twice.
+_REQUEUE_BY_TOKEN = """
+if ARGV[3] ~= '' then
+  if tonumber(ARGV[3]) < tonumber(redis.call('GET', KEYS[2]) or '0') then return -1 end
+  redis.call('SET', KEYS[2], ARGV[3])
+end
+local moved = 0
+for i = 4, #ARGV, 2 do
+  local held = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1, ARGV[2])
+  if #held > 0 then
+    if ARGV[i + 1] ~= '' then
+      redis.call('XADD', KEYS[1], '*', 'item', ARGV[i + 1])
+      moved = moved + 1
+    end
+    redis.call('XACK', KEYS[1], ARGV[1], ARGV[i])
+    redis.call('XDEL', KEYS[1], ARGV[i])
+  end
+end
+return moved
+"""
+
 #: Delete a stream entry only if no consumer has it pending (no worker took it): 1 when deleted.
 _CANCEL_QUEUED = """
 local pending = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
@@ -261,11 +338,14 @@ return redis.call('XDEL', KEYS[1], ARGV[2])
 """
 
 
-def sync_client(url: str | None, socket_timeout_s: float, who: str) -> redis.Redis:
-    """A synchronous client (thread-safe connection pool) for ``url``."""
+def sync_client(url: str | None, socket_timeout_s: float, who: str) -> Any:
+    """A synchronous client (thread-safe connection pool) for ``url``: a ``RedisCluster`` when it
+    is a cluster node (:mod:`argusdiff.service.transport.redis_client`)."""
     if url is None:
         raise ValueError(f"{who} needs a url or a client")
-    return redis.Redis.from_url(
+    from argusdiff.service.transport import redis_client
+
+    return redis_client.sync_client(
         url,
         socket_timeout=socket_timeout_s,
         socket_connect_timeout=socket_timeout_s,
@@ -342,7 +422,9 @@ class RedisWorkQueue:
         self.claim_idle_ms = int(claim_idle_s * 1000)
         self._groups: set[str] = set()
         self._last_autoclaim: dict[str, float] = {}
-        self._requeue_script = self.r.register_script(_REQUEUE)
+        self.cluster = is_cluster_client(self.r)  # a Redis Cluster: every atomic step within one slot
+        self._requeue_script = self.r.register_script(_REQUEUE_BY_TOKEN if self.cluster else _REQUEUE)
+        self._committed_script = self.r.register_script(_COMMITTED)
         self._taken: dict[str, dict[str, str]] = {}  # request id -> the meta of the item taken
 
     # -- helpers ---------------------------------------------------------------------------
@@ -435,10 +517,30 @@ class RedisWorkQueue:
         item = self._call(_get)
         if item is None:
             return None
+        if item.meta.get("accept_by") and not self._call(self._accepted, item):
+            log.info("dropped %s: its request was never accepted (the router answered 503)", item.request_id)
+            self.ack(item)
+            return None
         if len(self._taken) > 4096:  # items that never finished here
             self._taken.clear()
         self._taken[item.request_id] = dict(item.meta)
         return self._read_inputs(item)
+
+    def _accepted(self, item: WorkItem) -> bool:
+        """Cluster mode: whether ``item``'s request was accepted. The router queues a request's
+        items level by level, then writes its record (the commit) only while the control slot's
+        clock is at or before ``meta["accept_by"]``; so a record there means accepted, and no
+        record once that clock has passed it means never (the router answered 503). In between
+        (the router is between its steps: milliseconds) the worker waits for the answer."""
+        record = self.keys.request(str(item.meta.get("accept_record") or item.meta.get("group") or item.request_id))
+        accept_by = float(item.meta["accept_by"])
+        while True:
+            exists, now_ms = self._committed_script(keys=[record])
+            if int(exists):
+                return True
+            if float(now_ms) > accept_by:
+                return False
+            time.sleep(min(2.0, (accept_by - float(now_ms)) / 1000 + 0.005))
 
     def _read_inputs(self, item: WorkItem) -> WorkItem:
         """An edit's input image and mask, read back from the image store into the item (only in
@@ -643,7 +745,9 @@ class RedisWorkQueue:
 
         ``fence`` = (lease key, holder): each step runs only while the lease key holds that value
         (the leader's ``router|token``), so a stale leader and the new one never both re-queue an
-        item; a refused step raises :class:`~argusdiff.service.errors.FencedOut`."""
+        item; a refused step raises :class:`~argusdiff.service.errors.FencedOut`. On a cluster the
+        lease (control slot) is read first and each step is fenced by the token, in the level's
+        slot (:data:`_REQUEUE_BY_TOKEN`)."""
 
         def _requeue():
             moved = 0
@@ -670,8 +774,14 @@ class RedisWorkQueue:
                         item = _item_from_entry(level_id, entry_id, found[0][1])
                         copy = json.dumps(replace(item, attempt=item.attempt + 1, receipt=None).to_dict())
                     args += [entry_id, copy]
-                lease = fence[0] if fence else stream
-                res = int(self._requeue_script(keys=[stream, lease], args=args))
+                if self.cluster:  # the lease is in the control slot: checked first, then the level's token fence
+                    if fence and decode(self.r.get(fence[0]) or b"") != fence[1]:
+                        raise FencedOut(f"re-queue of {consumer}'s items refused: the lease is no longer {fence[1]!r}")
+                    args[2] = fence[1].rsplit("|", 1)[-1] if fence else ""
+                    res = int(self._requeue_script(keys=[stream, self.keys.fence(level_id)], args=args))
+                else:
+                    lease = fence[0] if fence else stream
+                    res = int(self._requeue_script(keys=[stream, lease], args=args))
                 if res < 0:
                     raise FencedOut(f"re-queue of {consumer}'s items refused: the lease is no longer {fence[1]!r}")
                 moved += res
@@ -702,6 +812,9 @@ class RedisWorkQueue:
             moved = 0
             for _stream, entries in res or []:
                 pipe = self.r.pipeline(transaction=True)
+                # on a cluster the two levels' streams are in two slots: queued there first, then
+                # taken out here (a failure between leaves a copy in both: at least once)
+                out = self.r.pipeline(transaction=True) if self.cluster else pipe
                 ids = []
                 for entry_id, fields in entries:
                     ids.append(entry_id)
@@ -712,9 +825,11 @@ class RedisWorkQueue:
                         pipe.xadd(dst, {"item": json.dumps(moved_item.to_dict())})
                         moved += 1
                 if ids:
-                    pipe.xack(src, self.keys.group, *ids)
-                    pipe.xdel(src, *ids)
-                    pipe.execute()
+                    if out is not pipe and len(pipe):
+                        pipe.execute()
+                    out.xack(src, self.keys.group, *ids)
+                    out.xdel(src, *ids)
+                    out.execute()
             return moved
 
         return self._call(_migrate)
@@ -735,7 +850,7 @@ class AsyncRedisDispatch:
     ) -> None:
         self.socket_timeout_s = socket_timeout_s
         self.images = images  # where an edit's inputs go before its items are queued (claim check)
-        self.r = aioredis.Redis.from_url(
+        self.r = async_client(
             url,
             socket_timeout=socket_timeout_s,
             socket_connect_timeout=socket_timeout_s,
@@ -745,19 +860,23 @@ class AsyncRedisDispatch:
         # a second pool for the blocking XREAD so it never starves the data path; its reads time out
         # a socket timeout after the block ends, so a frozen Redis turns the router unhealthy
         self.block_ms = block_ms
-        self.listen_r = aioredis.Redis.from_url(
+        self.listen_r = async_client(
             url,
             socket_timeout=block_ms / 1000 + socket_timeout_s,
             socket_connect_timeout=socket_timeout_s,
             retry=_reconnect(AsyncRetry),
         )
-        # pub/sub waits as long as no event comes (a restart ends it with a connection error)
+        # pub/sub waits as long as no event comes (a restart ends it with a connection error); on a
+        # cluster too it is one connection to the node of the URL (a PUBLISH reaches every node)
         self.events_r = aioredis.Redis.from_url(url, socket_timeout=None, socket_connect_timeout=socket_timeout_s)
+        self.cluster = is_cluster_client(self.r)
         self.keys = RedisKeys(namespace)
         #: this router's step-event channel, named in the streamed items it queues
         self.events_channel = self.keys.events_of(secrets.token_hex(8))
         self._groups: set[str] = set()
         self._enqueue = self.r.register_script(_ENQUEUE)
+        self._enqueue_level = self.r.register_script(_ENQUEUE_LEVEL)
+        self._clock_script = self.r.register_script(_CLOCK)
         self._clock: tuple[float, float] | None = None  # (Redis's clock in ms, time.monotonic() when read)
         #: an enqueue that Redis has not run this long after it was sent never runs (s)
         self.accept_window_s = 0.75 * socket_timeout_s
@@ -784,8 +903,8 @@ class AsyncRedisDispatch:
         read again when older than :data:`CLOCK_READING_S`."""
         now = time.monotonic()
         if self._clock is None or now - self._clock[1] > CLOCK_READING_S:
-            sec, usec = await self.r.time()
-            self._clock = (sec * 1000 + usec / 1000, time.monotonic())
+            ms = await self._clock_script(keys=[self.keys.leader])  # the control slot's node
+            self._clock = (float(ms), time.monotonic())
         return self._clock
 
     async def enqueue(
@@ -802,8 +921,13 @@ class AsyncRedisDispatch:
         For a request sent with an ``Idempotency-Key`` (:func:`argusdiff.service.idempotency.current_guard`)
         the step also turns the key's reservation into the accepted generation id, and runs only
         while the reservation is still ours; else nothing is queued and
-        :class:`~argusdiff.service.idempotency.IdempotencyConflict` is raised."""
-        from argusdiff.service.idempotency import IdempotencyConflict, current_guard
+        :class:`~argusdiff.service.idempotency.IdempotencyConflict` is raised.
+
+        On a Redis Cluster the levels' streams and the record are in different slots, so one step
+        cannot hold them: :meth:`_enqueue_by_slot` queues the items level by level, then writes the
+        record under the same deadline, and that write is the acceptance (workers run an item only
+        once its request's record exists, :meth:`RedisWorkQueue._accepted`)."""
+        from argusdiff.service.idempotency import current_guard
 
         guard = current_guard() if record is not None else None
         items = list(items)
@@ -821,6 +945,8 @@ class AsyncRedisDispatch:
                 # Redis's clock when it reads the step is at least clock_ms + (send - read_at): a
                 # step read later than the window after its sending is refused
                 limit = int(clock_ms + (time.monotonic() - read_at + self.accept_window_s) * 1000)
+            if self.cluster:
+                return await self._enqueue_by_slot(items, record, guard, limit)
             keys: list[str] = []
             args: list[Any] = [limit, 0, "", 0, "", "", 0]
             if record is not None:
@@ -842,9 +968,13 @@ class AsyncRedisDispatch:
             self._groups.clear()
             self._clock = None
             raise QueueUnavailable(f"redis unavailable: {exc}") from exc
-        status = decode(reply[0])
+        return self._outcome(decode(reply[0]), items, [decode(r) for r in reply[1:]], guard)
+
+    def _outcome(self, status: str, items: list[WorkItem], entries: list[str | None], guard: Any) -> list[str | None]:
+        from argusdiff.service.idempotency import IdempotencyConflict
+
         if status == "ok":
-            return [_entry_ref(item, decode(r)) for item, r in zip(items, reply[1:], strict=True)]
+            return [None if e is None else _entry_ref(item, e) for item, e in zip(items, entries, strict=True)]
         if status == "exists":
             return [None] * len(items)
         if status == "conflict":
@@ -853,6 +983,51 @@ class AsyncRedisDispatch:
             raise IdempotencyConflict("the idempotency key's reservation is no longer ours")
         self._clock = None
         raise QueueUnavailable("redis read the enqueue too late; it was not run")
+
+    async def _enqueue_by_slot(
+        self, items: list[WorkItem], record: tuple[str, dict, float] | None, guard: Any, limit: int
+    ) -> list[str | None]:
+        """The cluster's enqueue. What "accepted" means for a request whose images go to several
+        levels (several slots): its record was written. Each level's items are queued first (one
+        script per level, in that level's slot, made idempotent by a marker), each naming the
+        deadline of the acceptance (``meta["accept_by"]``, on the control slot's clock); then the
+        record (and the idempotency key) is written in the control slot by :data:`_ENQUEUE`, only
+        while that clock is at or before the deadline. A 503 is therefore true however far the
+        steps got: without the record no worker runs the items (they are dropped when taken), and
+        the record cannot appear after the deadline. A hand-off (no record) is queued at once."""
+        if record is not None and limit:
+            accept = {"accept_by": str(limit), "accept_record": record[0]}
+            items = [replace(item, meta={**item.meta, **accept}) for item in items]
+        gid = record[0] if record is not None else ""
+        ttl_ms = max(1, int(record[2] * 1000)) if record is not None else 0
+        levels: dict[str, list[int]] = {}
+        for i, item in enumerate(items):
+            levels.setdefault(item.level, []).append(i)
+
+        async def level_part(level: str, idx: list[int]) -> tuple[str, list[str]]:
+            keys = [self.keys.enqueued(level, gid or "-")]
+            keys += [self.keys.stream(items[i].level, items[i].tier) for i in idx]
+            args = [ttl_ms if gid else 0, *(json.dumps(self._reply_here(items[i]).to_dict()) for i in idx)]
+            reply = await self._enqueue_level(keys=keys, args=args)
+            return decode(reply[0]), [decode(r) for r in reply[1:]]
+
+        parts = await asyncio.gather(*(level_part(lv, idx) for lv, idx in levels.items()))
+        entries: list[str | None] = [None] * len(items)
+        for (status, ids), idx in zip(parts, levels.values(), strict=True):
+            if status == "ok":
+                for i, e in zip(idx, ids, strict=True):
+                    entries[i] = e
+        if record is None:
+            return self._outcome("ok", items, entries, guard)
+        rid, data, _ttl = record
+        keys = [self.keys.request(rid)]
+        args: list[Any] = [limit, 1, json.dumps(data), ttl_ms, "", "", 0]
+        if guard is not None:
+            keys.append(guard.key)
+            args[1] = 2
+            args[4:7] = [guard.reservation, guard.accepted(rid), max(1, int(guard.ttl_s * 1000))]
+        reply = await self._enqueue(keys=keys, args=args)
+        return self._outcome(decode(reply[0]), items, entries, guard)
 
     def _reply_here(self, item: WorkItem) -> WorkItem:
         """A streamed item names this router's event channel, unless it names one already (a
