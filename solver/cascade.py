@@ -429,8 +429,8 @@ def _saturated(inp: _Inputs, backend: str, notes: list[str], t0: float) -> Casca
     feasible = bool(lat_ok)
     j1 = max(lat_ok, key=lambda j: T1[j]) if lat_ok else int(np.argmin(e1))
     cap1 = x1s * T1[j1]
-    shortfall = max(0.0, D - cap1)
-    saturated = shortfall > 0 or not feasible
+    shortfall = max(0.0, float(D - cap1))
+    saturated = bool(shortfall > 0 or not feasible)  # a Python bool: the plan is written as JSON
     if shortfall > 0:
         notes.append(f"demand {D:.1f} QPM cannot be met: light capacity {cap1:.1f} QPM at b={B[j1]}")
     if not feasible:

@@ -66,8 +66,9 @@ def compile_group(
     ``heavy_direct`` (the cascade's heavy level is also a direct path), a threshold that defers
     every request is dropped too: the direct heavy path serves the same images with less work and
     less latency, a domination across groups the per-group test cannot see (and that tie-breaks
-    below the solvers' gap would not settle). Cached: the path data and tiers repeat from one
-    control period to the next."""
+    below the solvers' gap would not settle); per class, a threshold that defers every request of
+    the class is worth nothing for it (the same images as the direct path, with more work).
+    Cached: the path data and tiers repeat from one control period to the next."""
     st = path.stage
     qs = np.asarray(st.quality, dtype=np.float64)
     dl = np.array([d for d, _ in tiers])[:, None, None]  # T x 1 x 1
@@ -116,6 +117,14 @@ def compile_group(
         good += ok * prob[None]
         val += wt * ok * (prob * (G + q))[None]
         qual += prob * q
+    if heavy_direct:
+        # per class too: where a threshold defers every request of a class, that class's images
+        # are the direct heavy path's, with more work on every pool and more latency; the entry is
+        # worth nothing, so no plan (nor the switch-cost pass, which weighs value alone) routes the
+        # class there at a value it only ties
+        full = defer >= 1.0 - EPS  # C x K
+        val = np.where(full[None], 0.0, val)
+        good = np.where(full[None], 0.0, good)
     keep = _undominated(use, val) if K > 1 else np.array([0])
     if heavy_direct:
         partial = keep[np.any(defer[:, keep] < 1.0 - EPS, axis=0)]

@@ -195,11 +195,21 @@ def test_service_and_simulator_take_the_same_decision_for_the_same_state(sm):
                 for k in range(queued):
                     if ws:
                         ql[ws[k % len(ws)]] += 1
-                sim.view = RouteView(queue_lengths=ql, up=set(up), slo_s=slo)
+                _hold(sim, RouteView(queue_lengths=ql, up=set(up), slo_s=slo))
                 simulated = sim._admit(i, level, plan, now)
                 assert simulated == live, (up, level, queued)
                 outcomes.add((live.admitted, live.reason))
     assert outcomes == {(True, ""), (False, "definitely late"), (False, "queue cap")}
+
+
+def _hold(sim, view) -> None:
+    """Put a simulator that has not run into the state its event loop keeps for admission: the
+    route view, the queue length per worker id (``qd``, which the loop keeps current) and a new
+    version of the up set (its cache of each level's serving workers is dropped)."""
+    sim.view = view
+    sim.qd = dict(view.queue_lengths)
+    sim._upv = getattr(sim, "_upv", 0) + 1
+    sim._adm_key, sim._adm_ws = (None, -1), {}
 
 
 def test_a_request_waits_only_behind_its_tier_or_higher_in_both_paths(sm):
@@ -234,7 +244,7 @@ def test_a_request_waits_only_behind_its_tier_or_higher_in_both_paths(sm):
     sim.up = [True] * 4
     sim.dq = [[_Batch(0.0, 1e9, 1, "sd-xl", [k], 0, 1.0, 0.0, 2) for k in range(backlog)], [], [], []]
     assert all(b.finish > 0 and b.rank == 2 and len(b.members) == 1 for b in sim.dq[0])
-    sim.view = RouteView(queue_lengths={"w0": backlog, "w1": 0, "w2": 0, "w3": 0}, up={"w0", "w1", "w2", "w3"})
+    _hold(sim, RouteView(queue_lengths={"w0": backlog, "w1": 0, "w2": 0, "w3": 0}, up={"w0", "w1", "w2", "w3"}))
     router.tier_load.clear()
     router.tier_load["sd-xl", tier_rank("batch")] = backlog
     outcomes = {}

@@ -4,16 +4,16 @@ combined cache health (no servers)."""
 from __future__ import annotations
 
 import math
-from collections import Counter
 
 import numpy as np
 import pytest
 
 from argusdiff.domain import ClusterStats
 from argusdiff.domain import level_catalogue as level_table
+from argusdiff.period import PeriodStats
 from argusdiff.policies import make_policy
 from argusdiff.service.autoscale import desired_workers
-from argusdiff.service.cluster import ClusterBus, ClusterCacheHealth, _fields, _period
+from argusdiff.service.cluster import ClusterCacheHealth, _fields, _period
 from argusdiff.service.health import CacheHealth
 
 
@@ -48,14 +48,20 @@ def test_unsaturated_plan_scales_in_only_without_losing_quality(sm):
 
 
 def test_period_counts_round_trip_through_hash_fields():
-    period = (7, Counter({"a": 3, "b": 0}), Counter({"a": 5, "c": 2}))
-    flat = _fields(period)
-    assert _period(flat) == (7, Counter({"a": 3}), Counter({"a": 5, "c": 2}))
-    assert ClusterBus.minus((9, Counter({"a": 4}), Counter({"a": 6})), period) == (
-        2,
-        Counter({"a": 1}),
-        Counter({"a": 1}),
+    period = PeriodStats(
+        7,
+        {"a": 3, "b": 0},
+        {"a": 5, "c": 2},
+        {"interactive": 4, "batch": 3},
+        cache_lookups=5,
+        cache_hits=2,
+        arrival_times=(1.0,) * 7,
     )
+    back = _period(_fields(period))
+    assert back == PeriodStats(7, {"a": 3}, {"a": 5, "c": 2}, {"interactive": 4, "batch": 3}, 5, 2)
+    assert back.cache_hit_rate == 0.4 and back.arrival_times is None  # counts only cross Redis
+    more = PeriodStats(9, {"a": 4}, {"a": 6}, {"interactive": 5, "batch": 3}, 6, 2)
+    assert more.minus(period) == PeriodStats(2, {"a": 1}, {"a": 1}, {"interactive": 1}, 1, 0)
 
 
 def test_cache_health_combines_every_routers_window():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import math
 
 import pytest
@@ -162,6 +163,16 @@ def test_saturation_reports_shortfall():
     assert r.threshold == 0.0
     assert r.shortfall_qpm == pytest.approx(20000 * 1.05 - r.capacity_light_qpm)
     assert r.shortfall_qpm > 0
+
+
+def test_a_saturated_plan_prints_as_json(capsys):
+    """Regression: a saturated cascade plan carried numpy booleans, and `argusdiff plan --json`
+    raised a TypeError instead of printing it."""
+    from argusdiff.cli import main
+
+    assert main(["plan", "--profile", "cascade-sdxlltn-sdxl", "--gpus", "2", "--load-qpm", "2000", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["saturated"] is True and out["shortfall_qpm"] > 0
 
 
 def test_latency_bound_that_nothing_meets():

@@ -250,3 +250,47 @@ def test_a_worker_reads_its_slice_of_the_plan(redis_any, ac):
         )
         assert (w in mine.assignment) == (w in plan.assignment)
     assert len(r.get("{argusdiff}:plan:view")) * 5 < len(r.get("{argusdiff}:plan"))
+
+
+def test_the_plans_tier_mix_and_cache_hit_rate_are_the_clusters(two_routers):
+    """Uneven traffic: the follower sees the interactive and batch requests and every cache
+    lookup, the leader one standard request. The leader plans on the cluster's tier mix and hit
+    rate (they travel with the arrivals through Redis), not on its own traffic alone."""
+    import time
+
+    from argusdiff.domain import Tier
+    from argusdiff.service.schemas import GenerationSpec
+
+    a, b = two_routers(n_workers=1)
+    leader = _leader(a, b)
+    follower = b if leader is a else a
+    seen: list = []
+    plan = leader.service.policy.plan
+    leader.service.policy.plan = lambda stats: seen.append(stats) or plan(stats)
+
+    def traffic(router, tiers, lookups) -> None:  # on the router's event loop, as requests are
+        now = time.time()
+        for tier, n in tiers:
+            router._refuse(GenerationSpec(prompt="p", n=n, tier=tier), "test", "queue cap", 1.0, now, None)
+        for hit in lookups:
+            router.on_done("none", {"level": "tiny-sd", "ok": True, "lookup_s": 0.01, "cache_hit": hit})
+
+    f, lead = follower.service, leader.service
+    f.dispatch.loop.call_soon_threadsafe(
+        traffic,
+        f.router,
+        ((Tier.INTERACTIVE, 6), (Tier.BATCH, 2)),
+        (True, False, False, False, True, False, False, False),
+    )
+    lead.dispatch.loop.call_soon_threadsafe(traffic, lead.router, ((Tier.STANDARD, 1),), ())
+
+    def mix() -> dict:
+        out: dict[str, int] = {}
+        for s in list(seen):
+            for t, n in s.tier_arrivals.items():
+                out[t] = out.get(t, 0) + n
+        return out
+
+    assert wait_until(lambda: mix() == {"interactive": 6, "batch": 2, "standard": 1}, 30), mix()
+    rates = [s.cache_hit_rate for s in list(seen) if s.cache_hit_rate is not None]
+    assert rates == [0.25]  # the follower's eight lookups, in one period of the leader's plans

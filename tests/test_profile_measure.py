@@ -165,3 +165,19 @@ def test_quality_of_ac_levels_resumes_from_the_nearest_other_prompt(demo_registr
     scores = profiling.measure_quality(profile, demo_registry, ["a red cube", "a red box", "a tree"], scorer)
     assert scores.shape == (3, 3)
     assert sorted(calls) == sorted([(p, k) for k in (2, 4) for p in ("a red cube", "a red box", "a tree")])
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_measuring_a_deployment_profile_keeps_its_cascades(tmp_path, demo_models_dir, monkeypatch, capsys):
+    """A deployment profile's [[cascades]] pairs come through a measurement unchanged."""
+    from argusdiff.profile import load_profile
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    out = tmp_path / "measured.toml"
+    argv = ["profile", "measure", "--profile", "demo-cpu-flux-unified", "--out", str(out), "--batch-sizes", "1",
+            "--models-dir", demo_models_dir, "--quiet", *FAST]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    measured, shipped = load_profile(str(out)), load_profile("demo-cpu-flux-unified")
+    assert measured.cascades == shipped.cascades and measured.ids == shipped.ids
+    assert measured.level("flux-fbc").feature_cache == shipped.level("flux-fbc").feature_cache

@@ -331,3 +331,21 @@ def test_unwritable_out_exits_2_before_the_simulation(tmp_path, capsys, monkeypa
         err = capsys.readouterr().err
         assert "--out" in err and "Traceback" not in err
     assert a_file.read_text() == "x"
+
+
+def test_bench_replay_cpu_prints_cpu_seconds_and_the_ratio_to_argus():
+    """scripts/bench_replay_cpu.py (docs/benchmarks.md) on a small trace: a CPU-seconds line per run
+    and each run's ratio to argus."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run(
+        [sys.executable, str(root / "scripts" / "bench_replay_cpu.py"), "--trace", "poisson:qpm=60,duration=3m",
+         "--gpus", "4", "--policies", "argus,argus+"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(root)},
+    )  # fmt: skip
+    assert out.returncode in (0, 1), out.stderr
+    lines = out.stdout.splitlines()
+    assert any(ln.startswith("argus ") and "1.00x argus" in ln for ln in lines), out.stdout
+    assert any(ln.startswith("argus+ ") and "x argus" in ln and "CPU-s" in ln for ln in lines), out.stdout
+    assert lines[-1].startswith("target: <= 12 CPU-s per policy")

@@ -114,5 +114,9 @@ def test_serve_routes_between_ac_feature_cache_and_smaller_model_levels(
     transformer_calls.clear()
     out = client.images.generate(prompt="a red boat", response_format="b64_json", n=2)
     assert len(out.data) == 2 and len(transformer_calls) in (2, 4)  # one batch of two, or two runs
-    body = httpx.get(f"{server.url}/v1/plan", timeout=10).json()
-    assert {w["level"] for w in body["workers"].values()} == {"schnell"}
+
+    def plan_levels() -> set:
+        return {w["level"] for w in httpx.get(f"{server.url}/v1/plan", timeout=10).json()["workers"].values()}
+
+    # the workers' view comes from their heartbeats: on a loaded machine one may be a beat late
+    assert wait_until(lambda: plan_levels() == {"schnell"}, 60, 0.2), plan_levels()

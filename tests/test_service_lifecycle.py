@@ -226,9 +226,9 @@ def test_a_wait_on_work_redis_lost_ends_with_503(redis_server, live_service, wor
     assert wait_until(lambda: server.service.serving, 30)
     url = f"{server.url}/v1/argusdiff/generations"
     first, _ = post_in_thread(url, {"prompt": "running when Redis loses everything", **SLOW})
-    assert wait_until(lambda: len(server.service.router.inflight) == 1, 10)
+    assert wait_until(lambda: len(server.service.router.inflight) == 1, 30)
     second, out = post_in_thread(url, {"prompt": "queued when Redis loses everything", **SLOW})
-    assert wait_until(lambda: len(server.service.router.inflight) == 2, 10)
+    assert wait_until(lambda: len(server.service.router.inflight) == 2, 30)
     _wipe(redis_server)
     second.join(60)  # not request_timeout_s (300 s)
     assert out and out[0].status_code == 503, out

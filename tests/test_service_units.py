@@ -168,7 +168,7 @@ def test_control_loop_hands_the_demand_predictor_per_second_arrival_bins():
         assert demand.observations == 1
         # the peak reading sees the burst's rate, not the minute's mean of 50 QPM
         assert demand.estimate >= 150.0 - 1e-6
-        assert not router.arrival_times and router.arrivals == 0  # taken
+        assert not router.period.arrival_times and router.period.arrivals == 0  # taken
         await service.dispatch.close()
 
     asyncio.run(scenario())
@@ -208,7 +208,8 @@ def test_control_loop_hands_the_policy_the_periods_tier_mix_and_cache_hit_rate()
         assert dict(stats.tier_arrivals) == {"interactive": 2, "batch": 3, "standard": 1}
         assert stats.cache_hit_rate == 0.75
         # taken: the next period starts from nothing
-        assert router.take_period_mix() == ({}, None)
+        left = router.take_period()
+        assert left.tier_arrivals == {} and left.cache_hit_rate is None
         await service.dispatch.close()
 
     asyncio.run(scenario())

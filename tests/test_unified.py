@@ -590,3 +590,38 @@ def test_a_cold_start_plan_gives_up_no_value_for_load_times():
     current = {w: ("sd-1.5" if i < 4 else "sdxl-k0") for i, w in enumerate(workers)}
     kept = plan_unified(problem_from_profile(profile, workers, 78.0, current=current, **kw), switch_tolerance=0.02)
     assert kept.counts["sd-1.5"] > 0 and kept.objective < best.objective
+
+
+def test_a_class_the_cascade_defers_entirely_is_worth_nothing_there():
+    """Where a cascade's threshold defers every request of a class, that class gets the direct heavy
+    path's images through the cascade, with more work and more latency (and, when the heavy queue
+    runs late, the worst light images back): the class's entry at that threshold is worth nothing,
+    so no plan routes it there, not even the switch-cost pass, which weighs value alone and on a
+    cold start favours models that load fast (the README trace on 24 workers sent most of its
+    demand through the SDXL-Lightning cascade so). A class the threshold defers only in part keeps
+    its value."""
+    from solver.paths import problem_from_profile
+    from solver.unified_model import compile_paths
+
+    profile = load_profile("unified-a100")
+    specs = [c for c in profile.cascade_specs if c.light == "sdxl-lightning"]
+    C, n_t = len(profile.levels), len(specs[0].thresholds)
+    part = C - 2  # this class keeps 1% of its light images at every threshold above 0
+    defer = tuple(tuple(0.0 if i == 0 else (0.99 if c == part else 1.0) for i in range(n_t)) for c in range(C))
+    kept = tuple(tuple(0.5 if i == 0 else 1.0 for i in range(n_t)) for _ in range(C))  # half as good kept all
+    problem = problem_from_profile(
+        profile,
+        8,
+        54.0,
+        cascades=specs,
+        class_quality=tuple(tuple(1.0 for _ in range(C)) for _ in range(C)),
+        cascade_tables={"sdxl-lightning": (defer, kept)},
+    )
+    group = next(g for g in compile_paths(problem).groups if g.path.id == "sdxl-lightning")
+    above = [j for j, v in enumerate(group.variants) if v > 0]
+    assert above, group.variants  # the thresholds above 0 survive: one class keeps light images
+    others = [c for c in range(C) if c != part]
+    assert np.all(group.val[:, others][:, :, above] == 0.0)
+    assert np.all(group.good[:, others][:, :, above] == 0.0)
+    assert np.all(group.val[:, part, above] > 0.99)
+    assert np.all(group.val[:, :, [j for j, v in enumerate(group.variants) if v == 0]] > 0.0)

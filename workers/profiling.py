@@ -514,13 +514,22 @@ def write_profile(
         ]
         if level.description:
             lines.append(f"description = {_str(level.description)}")
-    c = profile.cascade
-    if c is not None:
+    # a deployment profile's pairs ([[cascades]]) or a cascade profile's one pair ([cascade])
+    pairs = [(c, "[[cascades]]") for c in profile.cascades] or (
+        [(profile.cascade, "[cascade]")] if profile.cascade is not None else []
+    )
+    for c, table in pairs:
         lines += [
             "",
-            "[cascade]   # kept from the input profile: f(t) comes from train-discriminator, not from timing",
+            f"{table}   # kept from the input profile: f(t) comes from train-discriminator, not from timing",
             f"light = {_str(c.light)}",
             f"heavy = {_str(c.heavy)}",
+        ]
+        if c.resume:
+            lines.append("resume = true")
+        if c.diffserve_pair is not None:
+            lines.append(f"diffserve_pair = {_str(c.diffserve_pair)}")
+        lines += [
             f"discriminator_latency_s = {c.discriminator_latency_s:g}",
             f"thresholds = [{', '.join(f'{t:g}' for t in c.thresholds)}]",
             f"deferral = [{', '.join(f'{f:g}' for f in c.deferral)}]",

@@ -32,7 +32,6 @@ class Sommelier(Policy, name="sommelier", family="sm"):
         self.worker_demand: dict[str, Any] = {}  # worker -> its own DemandPredictor
         self.rate: dict[str, float] = {}
         self.choice: dict[str, str] = {}
-        self._up: list[str] = []
 
     def export_state(self) -> dict[str, Any]:
         return {"rate": dict(self.rate), "choice": dict(self.choice)}
@@ -77,7 +76,6 @@ class Sommelier(Policy, name="sommelier", family="sm"):
             level = self._pick(rate * margin + backlog)
             self.choice[w] = level
             assignment[w] = level
-        self._up = list(stats.workers)
         ids = self.profile.ids
         counts = [sum(1 for v in assignment.values() if v == lv) for lv in ids]
         total = sum(counts) or 1

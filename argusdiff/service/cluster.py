@@ -1,7 +1,8 @@
 """Statistics shared by every router through Redis, so the leader plans on the whole cluster.
 
-Each router counts what it routes (arrivals, the classifier's optimal levels H, per-level
-arrivals) and, every heartbeat, adds those counts to one Redis hash, ``ns:stats``
+Each router counts what it routes (:class:`argusdiff.period.PeriodStats`: arrivals, the
+classifier's optimal levels H, per-level and per-tier arrivals, cache lookups and hits) and, every
+heartbeat, adds those counts to one Redis hash, ``ns:stats``
 (``HINCRBY``). At the end of a control period the leader adds its own counts and takes the whole
 hash in one script (``HINCRBY``… ``HGETALL`` + ``DEL``): every count lands in exactly one period,
 and a failed plan puts the counts back. Each router also publishes a heartbeat
@@ -26,6 +27,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
+from argusdiff.period import PeriodStats
 from argusdiff.service.transport.redis_client import control_prefix
 
 __all__ = [
@@ -38,8 +40,6 @@ __all__ = [
     "parse_holder",
     "service_status",
 ]
-
-Period = tuple[int, Counter, Counter]
 
 # KEYS: stats hash. ARGV: field, increment, ... Returns the hash (field, value, ...) and empties it.
 _FLUSH_AND_DRAIN = """
@@ -64,27 +64,12 @@ def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-def _fields(period: Period) -> list[Any]:
-    arrivals, affinity, level_arrivals = period
-    out: list[Any] = []
-    if arrivals:
-        out += ["arrivals", int(arrivals)]
-    out += [x for lv, n in affinity.items() if n for x in (f"h:{lv}", int(n))]
-    out += [x for lv, n in level_arrivals.items() if n for x in (f"l:{lv}", int(n))]
-    return out
+def _fields(period: PeriodStats) -> list[Any]:
+    return [x for name, n in period.counts().items() for x in (name, n)]
 
 
-def _period(flat: list[Any]) -> Period:
-    arrivals, affinity, level_arrivals = 0, Counter(), Counter()
-    for i in range(0, len(flat), 2):
-        name, value = _text(flat[i]), int(flat[i + 1])
-        if name == "arrivals":
-            arrivals += value
-        elif name.startswith("h:"):
-            affinity[name[2:]] += value
-        elif name.startswith("l:"):
-            level_arrivals[name[2:]] += value
-    return arrivals, affinity, level_arrivals
+def _period(flat: list[Any]) -> PeriodStats:
+    return PeriodStats.from_counts((_text(flat[i]), int(flat[i + 1])) for i in range(0, len(flat), 2))
 
 
 class ClusterBus:
@@ -107,7 +92,7 @@ class ClusterBus:
 
     # -- period statistics ----------------------------------------------------------------------
 
-    def flush(self, period: Period) -> None:
+    def flush(self, period: PeriodStats) -> None:
         fields = _fields(period)
         if not fields:
             return
@@ -116,13 +101,10 @@ class ClusterBus:
             pipe.hincrby(self.stats_key, fields[i], fields[i + 1])
         pipe.execute()
 
-    def flush_and_drain(self, period: Period) -> Period:
-        """Add ``period`` and take every router's counts since the last drain, atomically."""
+    def flush_and_drain(self, period: PeriodStats) -> PeriodStats:
+        """Add ``period`` and take every router's counts since the last drain, atomically (counts
+        only: no arrival times, no latencies)."""
         return _period(self._drain(keys=[self.stats_key], args=_fields(period)))
-
-    @staticmethod
-    def minus(a: Period, b: Period) -> Period:
-        return a[0] - b[0], Counter(a[1]) - Counter(b[1]), Counter(a[2]) - Counter(b[2])
 
     # -- router heartbeats ----------------------------------------------------------------------
 
@@ -248,9 +230,6 @@ class ClusterRouterView:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._router, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._router, name, value)  # e.g. the control loop giving counts back
 
     @property
     def level_load(self) -> Counter:

@@ -25,7 +25,8 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from argusdiff.domain import TIER_PRIORITY, ClusterStats, Plan, Strategy
+from argusdiff.domain import TIER_PRIORITY, Plan, Strategy
+from argusdiff.period import PeriodStats, cluster_stats
 from argusdiff.service.cluster import ClusterRouterView
 from argusdiff.service.metrics import ServiceMetrics
 from argusdiff.service.ports import ControlQueue
@@ -137,34 +138,19 @@ class ControlLoop:
             for _ in range(self.probe_burst):
                 health.record(0.0)
 
-    def step(
-        self,
-        period: tuple[int, Counter[str], Counter[str]],
-        elapsed_s: float | None = None,
-        *,
-        now_s: float | None = None,
-        arrival_times: list[float] | None = None,
-        mix: tuple[dict[str, int], float | None] | None = None,
-    ) -> Plan:
+    def step(self, period: PeriodStats, elapsed_s: float | None = None, *, now_s: float | None = None) -> Plan:
         """The synchronous part of a tick (runs in a thread: Redis calls, the solver).
 
         ``elapsed_s`` given: an early re-plan (a worker joined or died) that repeats the last full
         period's arrival rate instead of measuring a partial period. Else the period ends at
-        ``now_s`` (the tick's time, default now) and ``arrival_times``, the period's arrivals'
-        own times, are binned for the demand predictor as the simulator bins them
-        (:func:`argusdiff.predictors.arrival_bins`)."""
-        arrivals, affinity, level_arrivals = period
+        ``now_s`` (the tick's time, default now), and the period's arrival times are binned for the
+        demand predictor as the simulator bins them (:func:`argusdiff.period.cluster_stats`)."""
+        from argusdiff.predictors import bin_length_s
+
         now = self.clock() if now_s is None else now_s
-        bins: tuple[int, ...] = ()
-        bin_s = 0.0
         if elapsed_s is None:
             elapsed = max(1e-3, now - self.last_tick)
-            start = now - elapsed
             self.last_tick = now
-            if arrival_times is not None and len(arrival_times) == arrivals:  # else the total decides
-                from argusdiff.predictors import arrival_bins, bin_length_s
-
-                bins, bin_s = arrival_bins(arrival_times, start, elapsed, bin_length_s(self.policy.predictor_spec))
         else:
             elapsed = elapsed_s
         alive, dead = self.store.heartbeats()
@@ -196,33 +182,25 @@ class ControlLoop:
             view = self.router.view(now, self.plan, None, self.policy.slo_s)
             view_q = {w: view.queue_lengths.get(w, 0) for w in workers}
         health = self.router.cache_health
-        stats = ClusterStats(
+        stats = cluster_stats(
+            period,
             now_s=now,
             period_s=elapsed,
-            arrivals=arrivals,
+            bin_s=bin_length_s(self.policy.predictor_spec),
+            reason="period" if elapsed_s is None else "replan",
             workers=workers,
             queue_lengths=view_q,
             current=current,
             loading=loading,
-            affinity=dict(affinity),
             cache_latency_s=health.median_latency_s(),
             cache_error_rate=health.error_rate(),
             level_queue=level_queue,
-            level_arrivals=dict(level_arrivals),
-            arrival_bins=bins,
-            bin_s=bin_s,
             resident=resident,
-            reason="period" if elapsed_s is None else "replan",
-            # a full period's tier mix and cache hit rate (``mix``, from Router.take_period_mix), as
-            # the simulator's ClusterStats carries them
-            tier_arrivals=mix[0] if mix is not None else {},
-            cache_hit_rate=mix[1] if mix is not None else None,
-            latency_scale=self.router.latency.scales(),
         )
         plan = self.policy.plan(stats)
         plan.validate()
         if elapsed_s is None:
-            self._last_full = (arrivals, elapsed)
+            self._last_full = (period.arrivals, elapsed)
         self._version = max(self._version + 1, plan.version)
         plan = dataclasses.replace(plan, version=self._version)
         self.store.publish_plan(plan)
@@ -293,7 +271,6 @@ class ControlLoop:
         its period at that time, so every period has its nominal length and the predictor's bins
         keep their alignment (the few arrivals of the delay count in its last bin)."""
         now: float | None = None
-        times: list[float] | None = None
         if full:
             # the period ends now: its counts and its arrivals' times, taken together on the event
             # loop (the only writer), so that they describe the same arrivals
@@ -302,20 +279,17 @@ class ControlLoop:
                 late = time.monotonic() - due
                 if 0.0 < late < self.period_s:
                     now -= late
-            period = self.router.take_period_stats()
-            times = self.router.take_arrival_times()
-            mix = self.router.take_period_mix()
+            period = self.router.take_period()
             elapsed = None
-        else:
+        else:  # the last full period's rate; the current period keeps counting
             arrivals, elapsed = self._last_full
-            period = (arrivals, Counter(), Counter())
-            mix = None
+            period = PeriodStats(arrivals, latency_scale=self.router.latency.scales())
         try:
-            plan = await asyncio.to_thread(self.step, period, elapsed, now_s=now, arrival_times=times, mix=mix)
+            plan = await asyncio.to_thread(self.step, period, elapsed, now_s=now)
         except Exception as exc:
-            # keep the previous plan; give the arrivals back so demand is not under-counted
+            # keep the previous plan; give the period back so demand is not under-counted
             if full:
-                self.router.give_back_period(period, times, mix)
+                self.router.period.add(period)
             self.last_error = f"{type(exc).__name__}: {exc}"
             log.warning("control tick failed: %s", self.last_error)
             return None

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -39,6 +40,7 @@ from typing import Any
 
 from argusdiff.domain import Plan
 from argusdiff.errors import ArgusdiffError
+from argusdiff.period import PeriodStats
 from argusdiff.service.cluster import ClusterBus, ClusterRouterView, parse_holder
 from argusdiff.service.control import ControlLoop
 from argusdiff.service.errors import FencedOut
@@ -326,15 +328,16 @@ class ClusterControlLoop(ControlLoop):
             return super().step(period, elapsed_s, **kwargs)
         # a full period: this router's counts join the cluster's, and the leader takes them all
         # (its own arrivals' times bin them only when they are all of them)
-        local = period
+        local: PeriodStats = period
         drained = self.bus.flush_and_drain(local)
         try:
-            plan = super().step(drained, None, **kwargs)
-            self.cluster_arrivals += drained[0]
+            cluster = dataclasses.replace(drained, arrival_times=local.arrival_times, latency_scale=local.latency_scale)
+            plan = super().step(cluster, None, **kwargs)
+            self.cluster_arrivals += drained.arrivals
             return plan
         except Exception:
             with contextlib.suppress(Exception):  # the tick gives ``local`` back to the router
-                self.bus.flush(self.bus.minus(drained, local))
+                self.bus.flush(drained.minus(local))
             raise
 
     def _observe(self, plan: Plan) -> None:
@@ -386,11 +389,11 @@ class ClusterControlLoop(ControlLoop):
         others' summaries in."""
         assert self.bus is not None
         bus = self.bus
-        local = self.real_router.take_period_stats()
+        local = self.real_router.period.take(times=False)  # the arrival times stay for the tick
         try:
             await asyncio.to_thread(bus.flush, local)
         except Exception:
-            self._give_back(local)
+            self.real_router.period.add(local)
             raise
         info = {
             "role": self.role,
@@ -404,9 +407,6 @@ class ClusterControlLoop(ControlLoop):
         ttl = max(3 * self.poll_s, 3 * self.heartbeat_s, 2.0)
         await asyncio.to_thread(bus.beat_router, info, ttl)
         await asyncio.to_thread(self.router.refresh)
-
-    def _give_back(self, local: Any) -> None:
-        self.real_router.give_back_period(local)
 
     async def _lease_step(self) -> bool:
         assert self.lease is not None

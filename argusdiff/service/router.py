@@ -18,7 +18,7 @@ import logging
 import math
 import secrets
 import time
-from collections import Counter, deque
+from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -27,6 +27,7 @@ from argusdiff.admission import Admission, AdmissionConfig, Decision
 from argusdiff.config import ServiceConfig
 from argusdiff.domain import ApproxLevel, Assignment, Plan, Profile, Request, Tier, level_catalogue, tier_rank
 from argusdiff.latency import LatencyEstimator
+from argusdiff.period import PeriodAccumulator, PeriodStats
 from argusdiff.policies.base import FLOOR_UNMET, MODELS_UNSERVED, Policy, RouteView
 from argusdiff.service.errors import ApiError, QueueUnavailable
 from argusdiff.service.explain import explain
@@ -136,19 +137,11 @@ class Router:
         # in-flight images per (level, tier pull rank): what a request of a tier waits behind, as
         # workers pull a level's queue highest-priority tier first (admission)
         self.tier_load: Counter[tuple[str, int]] = Counter()
-        # since the last control period (the control loop swaps them out)
-        self.arrivals = 0
-        self.affinity: Counter[str] = Counter()
-        self.level_arrivals: Counter[str] = Counter()
-        # the period's arrivals per SLO tier and cache lookups / hits, for the plan's tier mix and
-        # hit rate (ClusterStats.tier_arrivals / cache_hit_rate, as the simulator counts them)
-        self.tier_arrivals: Counter[str] = Counter()
-        self.period_lookups = 0
-        self.period_hits = 0
-        # each arrival's own time (wall clock), for the demand predictor's bins; the control loop
-        # takes a period's at each tick; untaken ones (no loop takes them, e.g. a follower) are kept
-        # for three periods, at least five minutes
-        self.arrival_times: deque[float] = deque()
+        # the control period's traffic (arrivals and their times, affinity, tier mix, routing,
+        # cache lookups), counted as the simulator counts it; the control loop takes it each tick
+        # (argusdiff.period). Arrival times no loop takes (e.g. a follower's) are kept for three
+        # periods, at least five minutes
+        self.period = PeriodAccumulator()
         self._arrival_horizon_s = max(300.0, 3.0 * float(getattr(config, "control_period_s", 60.0) or 60.0))
         self.accepted = 0
         self.completed = 0
@@ -188,56 +181,16 @@ class Router:
         factor = float(self.config.tier_slo_factors.get(spec.tier.value, 1.0))
         return self.policy.slo_s * factor
 
-    def take_period_stats(self) -> tuple[int, Counter[str], Counter[str]]:
-        """Arrivals, optimal-level counts and per-level arrivals since the last call."""
-        out = (self.arrivals, self.affinity, self.level_arrivals)
-        self.arrivals, self.affinity, self.level_arrivals = 0, Counter(), Counter()
-        return out
-
-    def take_period_mix(self) -> tuple[dict[str, int], float | None]:
-        """The period's arrivals per SLO tier (admitted or refused) and the share of its cache
-        lookups that hit (None: no lookup), since the last call (event-loop thread)."""
-        tiers = dict(self.tier_arrivals)
-        hit_rate = self.period_hits / self.period_lookups if self.period_lookups else None
-        self.tier_arrivals = Counter()
-        self.period_lookups = self.period_hits = 0
-        return tiers, hit_rate
+    def take_period(self) -> PeriodStats:
+        """The control period's traffic since the last call, with the latencies measured so far
+        (event-loop thread); a new period begins. A period that could not be used goes back with
+        ``router.period.add(stats)``."""
+        return self.period.take(self.latency.scales())
 
     def _arrived(self, now: float, n: int, tier: str = Tier.STANDARD.value) -> None:
         """Count ``n`` arrivals of ``tier`` at ``now`` as demand (admitted or refused)."""
-        self.arrivals += n
-        self.tier_arrivals[tier] += n
-        times = self.arrival_times
-        times.extend([now] * n)
-        horizon = now - self._arrival_horizon_s
-        while times and times[0] < horizon:  # no control loop takes them (e.g. a follower)
-            times.popleft()
-
-    def give_back_period(
-        self,
-        period: tuple[int, Counter[str], Counter[str]],
-        times: list[float] | None = None,
-        mix: tuple[dict[str, int], float | None] | None = None,
-    ) -> None:
-        """Return what :meth:`take_period_stats` (and :meth:`take_arrival_times`,
-        :meth:`take_period_mix`) took, when it could not be used, so the next period counts it."""
-        arrivals, affinity, level_arrivals = period
-        self.arrivals += arrivals
-        self.affinity.update(affinity)
-        self.level_arrivals.update(level_arrivals)
-        if times:
-            self.arrival_times.extendleft(reversed(times))
-        if mix is not None:
-            self.tier_arrivals.update(mix[0])
-
-    def take_arrival_times(self) -> list[float]:
-        """The times of the arrivals since the last call (each request's arrival time, in the order
-        they were counted); they are forgotten. Call it with :meth:`take_period_stats`, on the
-        event-loop thread, so that they are exactly the period's arrivals (the control loop bins
-        them for the demand predictor)."""
-        out = list(self.arrival_times)
-        self.arrival_times.clear()
-        return out
+        self.period.arrived(now, n, tier)
+        self.period.forget_before(now - self._arrival_horizon_s)
 
     def view(
         self, now: float, plan: Plan, optimal: str | None, slo_s: float, similarity: float | None = None
@@ -386,7 +339,7 @@ class Router:
         self.metrics.refused.labels(reason).inc()
         self._arrived(now, spec.n, spec.tier.value)
         if optimal is not None:
-            self.affinity[optimal] += spec.n
+            self.period.classified(optimal, spec.n)
         return ApiError(
             429,
             f"the service is overloaded ({why}); retry later",
@@ -551,10 +504,10 @@ class Router:
         self._arrived(now, spec.n, spec.tier.value)
         self.accepted += spec.n
         for lv in levels:
-            self.level_arrivals[lv] += 1
+            self.period.routed(lv)
             self.metrics.queue_depth.labels(lv).set(self.level_load[lv])
         if optimal is not None:
-            self.affinity[optimal] += spec.n
+            self.period.classified(optimal, spec.n)
         log.debug("accepted %s: %d image(s) at %s", gid, spec.n, ",".join(levels))
         per_image = (time.perf_counter() - t0) / spec.n
         for _ in range(spec.n):
@@ -664,8 +617,7 @@ class Router:
             self.metrics.cache_lookups.labels("error").inc()
         elif s.get("lookup_s", 0.0) > 0:
             hit = bool(s.get("cache_hit"))
-            self.period_lookups += 1
-            self.period_hits += hit
+            self.period.looked_up(hit)
             self.cache_health.record(lookup, hit=hit)
             self.metrics.cache_lookups.labels("hit" if hit else "miss").inc()
             self.metrics.cache_lookup.observe(lookup)

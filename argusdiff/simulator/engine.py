@@ -77,8 +77,9 @@ from argusdiff.domain import (
 )
 from argusdiff.errors import ConfigError
 from argusdiff.latency import LatencyEstimator
+from argusdiff.period import PeriodAccumulator, PeriodStats, cluster_stats
 from argusdiff.policies.base import Policy, RouteView
-from argusdiff.predictors import arrival_bins, bin_length_s
+from argusdiff.predictors import bin_length_s
 from argusdiff.simulator.faults import Fault
 from argusdiff.simulator.workload import Workload
 
@@ -423,8 +424,7 @@ class Simulator:
         self.busy: list[list] = []
         self.loads: list[tuple[int, float, float, str]] = []
         self.plans: list[dict[str, Any]] = []
-        self.level_arrivals: dict[str, int] = {}
-        self._lookups = self._hits = 0  # cache lookups and hits of the current period
+        self.period = PeriodAccumulator()  # the current period's routing and cache lookups
         self.waiting: list[int] = []  # requests accepted while no worker was up
         self.pullers: dict[str, list[int]] = {}
 
@@ -626,11 +626,6 @@ class Simulator:
             if self.load_end[self.widx[w]] > t and self.wlevel[self.widx[w]] is not None
         }
         resident = {w: tuple(m for m, r in self.resident[self.widx[w]].items() if r <= t) for w in ups}
-        bins: tuple[int, ...] = ()
-        bin_s = 0.0
-        if reason == "period":
-            # the live control loop's binning (argusdiff.predictors.arrival_bins), by arrival time
-            bins, bin_s = arrival_bins(times.tolist(), t - period, period, self.bin_s)
         affinity: dict[str, int] = {}
         if len(recent):
             for ids, pred in self.wl.optimal.items():
@@ -652,40 +647,33 @@ class Simulator:
             lv = self.wlevel[self.widx[w]]
             if lv is not None:
                 level_queue[lv] = level_queue.get(lv, 0) + queue_lengths[w]
-        tier_arrivals: dict[str, int] = {}
-        hit_rate = None
         if reason == "period":
-            level_arrivals = dict(self.level_arrivals)
-            self.level_arrivals.clear()
+            tier_arrivals: dict[str, int] = {}
             if tiers is not None and len(tiers):
                 counts = np.bincount(tiers, minlength=len(self.tier_names))
                 tier_arrivals = {name: int(c) for name, c in zip(self.tier_names, counts, strict=True) if c}
-            if self._lookups:
-                hit_rate = self._hits / self._lookups
-            self._lookups = self._hits = 0
+            # the period's arrivals join what the accumulator counted as they were routed
+            times_ = tuple(times.tolist())
+            self.period.add(PeriodStats(int(arrivals), affinity, tier_arrivals=tier_arrivals, arrival_times=times_))
+            seen = self.period.take(self._measured(t))
         else:
-            level_arrivals = {}
-            affinity = {}
-        return ClusterStats(
+            seen = PeriodStats(int(arrivals), latency_scale=self._measured(t))
+        # binned for the demand predictor as the live control loop bins them
+        return cluster_stats(
+            seen,
             now_s=t,
             period_s=period,
-            arrivals=int(arrivals),
+            bin_s=self.bin_s,
+            reason=reason,
+            with_cache=self.needs_similarity,
             workers=ups,
             queue_lengths=queue_lengths,
             current=current,
             loading=loading,
-            affinity=affinity,
             cache_latency_s=cache_latency if self.needs_similarity else None,
             cache_error_rate=err if self.needs_similarity else 0.0,
             level_queue=level_queue,
-            level_arrivals=level_arrivals,
-            arrival_bins=bins,
-            bin_s=bin_s,
             resident=resident,
-            reason=reason,
-            tier_arrivals=tier_arrivals,
-            cache_hit_rate=hit_rate if self.needs_similarity else None,
-            latency_scale=self._measured(t),
         )
 
     def _apply(self, plan: Plan, t: float, warm: bool) -> None:
@@ -1123,11 +1111,9 @@ class Simulator:
                 served = self.levels[self.ac_base[level_id]]
             else:
                 extra = self.cfg.cache_latency_s
-                self._lookups += 1
-                if self.similarity(p) >= self.cfg.cache_min_similarity:
-                    hit = True
-                    self._hits += 1
-                else:
+                hit = bool(self.similarity(p) >= self.cfg.cache_min_similarity)
+                self.period.looked_up(hit)
+                if not hit:
                     served = self.levels[self.ac_base[level_id]]
         bsize = plan.batch_sizes.get(served.id, 1) if plan is not None and plan.batch_sizes else 1
         # pull-based per-level queues, as the service: the request goes to the worker of its level
@@ -1141,7 +1127,7 @@ class Simulator:
                 self.status[i] = PENDING
                 self.waiting.append(i)
                 return
-        self.level_arrivals[level_id] = self.level_arrivals.get(level_id, 0) + 1
+        self.period.routed(level_id)
         ready = self._need(w, served, t)
         spec = self.specs.get(served.id) if stage == 0 else None
         if spec is not None:

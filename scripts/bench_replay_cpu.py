@@ -1,0 +1,94 @@
+"""CPU seconds of a single-policy replay of ARGUS's 800-minute diagonal (50 -> 600 QPM, ~260k
+requests) on 24 simulated workers, and argus+'s cost against argus's.
+
+Usage: python scripts/bench_replay_cpu.py [--gpus 24] [--trace SPEC] [--policies argus,argus+,argus+ (unified)]
+       [--repeat 1] [--profile]
+
+For each run (a row of ``argusdiff replay``: ``argus``, ``argus+``, ``argus+ (unified)``) it prints
+the process CPU seconds of the whole run (simulation, per-minute metrics, summary, drift check:
+``argusdiff.replay._run_policy``) with the product's defaults (admission on, the default prompt
+set, predictor and seed); building the workload is shared and timed apart. The last lines give
+each run's ratio to ``argus`` and whether the targets hold (issue 20: <= 12 CPU-s per policy,
+argus+ at most 2x argus). ``--profile`` prints cProfile's top functions of each run instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import datetime
+import os
+import platform
+import pstats
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+TARGET_S = 12.0
+TARGET_RATIO = 2.0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trace", default="diagonal:start=50,end=600,duration=800m")
+    ap.add_argument("--gpus", type=int, default=24)
+    ap.add_argument("--policies", default="argus,argus+,argus+ (unified)", help="comma-separated run labels")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each label (the minimum is reported)")
+    ap.add_argument("--profile", action="store_true", help="print cProfile's top 25 functions of each run")
+    args = ap.parse_args()
+
+    from argusdiff.replay import ReplaySpec, _run_policy, _shared_run_settings, prepare
+
+    labels = [p.strip() for p in args.policies.split(",") if p.strip()]
+    spec = ReplaySpec(trace=args.trace, gpus=args.gpus, policies=["argus", "argus+"])
+    t0 = time.process_time()
+    prepared = prepare(spec)
+    t_prep = time.process_time() - t0
+    shared = _shared_run_settings(spec, prepared)
+    runs = {label: (name, extra, on) for label, name, extra, on in shared.runs}
+    missing = [lb for lb in labels if lb not in runs]
+    if missing:
+        ap.error(f"--policies: no run {', '.join(missing)} (runs: {', '.join(runs)})")
+    print(
+        f"{datetime.date.today().isoformat()}; {platform.machine()} {os.cpu_count()} cpus; python "
+        f"{platform.python_version()}; trace {args.trace}: {prepared.workload.n_requests} requests; "
+        f"{args.gpus} workers; admission {prepared.provenance.get('admission', 'on')}; "
+        f"workload built in {t_prep:.1f} CPU-s"
+    )
+    cpu: dict[str, float] = {}
+    for label in labels:
+        name, extra, on = runs[label]
+        best = float("inf")
+        for _ in range(max(1, args.repeat)):
+            prof = cProfile.Profile() if args.profile else None
+            c0 = time.process_time()
+            if prof is not None:
+                prof.enable()
+            _res, _m, s = _run_policy(spec, prepared.workload, shared, label, name, extra, on, {}, None)
+            if prof is not None:
+                prof.disable()
+            best = min(best, time.process_time() - c0)
+        cpu[label] = best
+        print(
+            f"{label:<20} {best:7.2f} CPU-s  (SLO viol {100 * s['slo_violation_ratio']:.1f}%, "
+            f"{s['plans']} plans, {s['requests']} requests)",
+            flush=True,
+        )
+        if prof is not None:
+            pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+    base = cpu.get("argus")
+    ok = True
+    for label, c in cpu.items():
+        ratio = f"{c / base:.2f}x argus" if base else "-"
+        meets = c <= TARGET_S and (label == "argus" or base is None or c <= TARGET_RATIO * base)
+        ok &= meets
+        print(f"{label:<20} {c:7.2f} CPU-s  {ratio:>12}  {'meets' if meets else 'MISSES'} the target")
+    print(
+        f"target: <= {TARGET_S:g} CPU-s per policy, argus+ at most {TARGET_RATIO:g}x argus: "
+        f"{'met' if ok else 'NOT met'}"
+    )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
