@@ -192,3 +192,34 @@ def test_router_enqueue_and_cancel_on_tier_streams(redis_any):
     asyncio.run(go())
     q = RedisWorkQueue(redis_any.url, namespace="t9", consumer="w")
     assert q.qsize("a") == 0 and q.get("a", timeout=0.05) is None
+
+
+def test_workers_back_off_with_jitter_when_redis_is_down(redis_server):
+    """A worker whose Redis is gone retries after waits that double up to the cap, each drawn from
+    [w/2, w], so workers that lost one Redis together do not retry in step; once Redis answers,
+    the wait starts from the base again."""
+    from argusdiff.service.transport.redis_control import RedisControlStore
+    from argusdiff.service.worker import RECONNECT_BASE_S, RECONNECT_CAP_S, ServiceWorker
+
+    def worker(name: str) -> ServiceWorker:
+        q = RedisWorkQueue(redis_server.url, namespace="t10", consumer=name, socket_timeout_s=0.5)
+        sw = ServiceWorker(name, q, RedisControlStore.sharing(q), lambda level: None, level_ids=("a",))
+        sw.worker.run_once = lambda: int(q.get("a", timeout=0.01) is not None)  # one real read of the queue
+        return sw
+
+    a, b = worker("wa"), worker("wb")
+    assert a.step() == 0 and b.step() == 0  # Redis answers: nothing queued
+    redis_server.stop()
+    waits: dict[str, list[float]] = {"wa": [], "wb": []}
+    for sw in (a, b):
+        sw._pause = lambda t, w=waits[sw.worker_id]: w.append(t) or len(w) >= 8  # stop after 8 waits
+        assert sw.step() == 0
+    for seq in waits.values():
+        bounds = [min(RECONNECT_CAP_S, RECONNECT_BASE_S * 2**k) for k in range(len(seq))]
+        assert len(seq) == 8 and all(b / 2 <= w <= b for w, b in zip(seq, bounds, strict=True)), seq
+    assert waits["wa"] != waits["wb"]  # drawn independently
+    redis_server.start()
+    again: list[float] = []
+    a._pause = lambda t: again.append(t) or False
+    assert a.step() == 0 and again == []  # reconnected: no wait, and the backoff is reset
+    assert a.reconnect_wait() <= RECONNECT_BASE_S

@@ -116,6 +116,7 @@ def start_tracing(settings: Any, service_name: str) -> None:
 def run(args: argparse.Namespace) -> int:
     import logging
     import os
+    import random
     import signal
     import socket
     import time
@@ -168,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
                 raise ConfigError(
                     f"no router announced a deployment in redis at {_without_password(args.redis)}: pass --profile"
                 )
-            time.sleep(0.5)
+            time.sleep(0.25 + random.random() / 2)  # jittered: many workers start together
     try:
         images = worker_image_store(settings, deployment)
     except (ValueError, KeyError) as exc:

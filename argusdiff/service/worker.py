@@ -11,9 +11,11 @@ A :class:`ServiceWorker` runs wherever a GPU is (in the router's process in embe
   level at the next batch boundary (no restart, nothing taken is dropped) and pushes the plan's
   cascade threshold into the running light-level executor (the heartbeat reports the threshold
   applied, ``threshold``);
-* keeps going when the queue (Redis) fails: backs off, and once the queue answers again gives
-  back whatever it had taken but not finished (its pending entries), so nothing waits for the
-  long re-claim timeout.
+* keeps going when the queue (Redis) fails: backs off (exponentially from
+  :data:`RECONNECT_BASE_S` to :data:`RECONNECT_CAP_S`, each wait drawn from [w/2, w], "equal
+  jitter", so the hundreds of workers that lost one Redis together do not all retry in the same
+  instant), and once the queue answers again gives back whatever it had taken but not finished
+  (its pending entries), so nothing waits for the long re-claim timeout.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
 import socket
 import threading
 import time
@@ -36,6 +39,11 @@ __all__ = ["ServiceWorker", "wait_until"]
 log = logging.getLogger("argusdiff.worker")
 
 LevelFactory = Callable[[str], LevelExecutor]  # e.g. workers.executor.ExecutorFactory
+
+#: A worker whose queue failed waits about this long before it tries again (s), doubling per
+#: failure up to :data:`RECONNECT_CAP_S`; each wait is drawn uniformly from [w/2, w].
+RECONNECT_BASE_S = 0.1
+RECONNECT_CAP_S = 5.0
 
 
 class ServiceWorker:
@@ -65,6 +73,9 @@ class ServiceWorker:
         self.started_s = time.time()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._rng = random.Random()  # each worker draws its own reconnect waits
+        self._backoff_s = RECONNECT_BASE_S
+        self._pause = self._stop.wait  # returns True when stopped
 
     @property
     def level(self) -> str | None:
@@ -133,16 +144,24 @@ class ServiceWorker:
         except Exception:
             return False
 
+    def reconnect_wait(self) -> float:
+        """The next wait before trying the queue again: jittered, doubling up to the cap."""
+        wait = self._backoff_s * (0.5 + self._rng.random() / 2)
+        self._backoff_s = min(RECONNECT_CAP_S, self._backoff_s * 2)
+        return wait
+
     def step(self) -> int:
         try:
-            return self.worker.run_once()
+            done = self.worker.run_once()
         except Exception as exc:  # the queue failed mid-batch (e.g. Redis restarting)
             self.errors += 1
             log.warning("worker %s: queue unavailable: %s", self.worker_id, exc)
-            while not self._stop.wait(min(1.0, self.heartbeat_s)):
+            while not self._pause(self.reconnect_wait()):
                 if self._give_back_pending():
                     break
             return 0
+        self._backoff_s = RECONNECT_BASE_S
+        return done
 
     def run(self) -> None:
         """Run until :meth:`stop` (blocking)."""
