@@ -268,4 +268,6 @@ class Admission:
         return lat
 
     def _retry(self, seconds: float) -> float:
+        if not math.isfinite(seconds):  # no serving worker frees up (every one down): the longest wait
+            return self.config.max_retry_after_s
         return min(self.config.max_retry_after_s, max(1.0, math.ceil(max(0.0, seconds))))

@@ -59,6 +59,10 @@ def test_admission_takes_the_policys_verdict():
     late = DeadlineVerdict(Timeliness.LATE, 30.0, 12.6)
     d = adm.check("sd-xl", queued=0, verdict=late, **kw)
     assert not d.admitted and d.reason == "definitely late" and d.retry_after_s == 18
+    # no serving worker frees up (all down): an infinite finish estimate is refused, never a crash
+    never = DeadlineVerdict(Timeliness.LATE, float("inf"), 12.6)
+    d = adm.check("sd-xl", queued=0, verdict=never, **kw)
+    assert not d.admitted and d.retry_after_s == adm.config.max_retry_after_s
     # admission off: the verdict does not matter
     off = Admission({lv.id: lv for lv in sm.levels}, AdmissionConfig(enabled=False))
     assert off.check("sd-xl", queued=0, verdict=late, **kw).admitted
