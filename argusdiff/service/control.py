@@ -28,6 +28,7 @@ from typing import Any
 from argusdiff.domain import TIER_PRIORITY, Plan, Strategy
 from argusdiff.period import PeriodStats, cluster_stats
 from argusdiff.service.cluster import ClusterRouterView
+from argusdiff.service.dispatch import stop_task
 from argusdiff.service.metrics import ServiceMetrics
 from argusdiff.service.ports import ControlQueue
 from argusdiff.service.router import Router
@@ -345,7 +346,4 @@ class ControlLoop:
         return self._task
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+        await stop_task(self._task)

@@ -60,6 +60,26 @@ def jittered(backoff_s: float) -> float:
     return backoff_s * (0.5 + random.random() / 2)
 
 
+async def stop_task(task: asyncio.Task | None, timeout_s: float = 5.0) -> None:
+    """Cancel ``task`` and wait for it to end, at most ``timeout_s``. The cancellation is repeated:
+    a client library whose read timeout fires in the same instant as the cancel can turn the
+    ``CancelledError`` into a timeout it retries (redis-py's cluster client does), and a single
+    ``cancel()`` is then lost. A task that still runs after the wait is left behind with a warning
+    rather than hanging the shutdown."""
+    if task is None or task.done():
+        return
+    deadline = time.monotonic() + timeout_s
+    while not task.done():
+        task.cancel()
+        left = deadline - time.monotonic()
+        if left <= 0:
+            log.warning("task %s did not stop within %.0f s of its cancellation", task.get_name(), timeout_s)
+            return
+        await asyncio.wait({task}, timeout=min(0.25, left))
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("task %s ended with %r", task.get_name(), task.exception())
+
+
 @dataclass(slots=True)
 class Delivery:
     """This router's view of one accepted work item, until its result is delivered."""
@@ -488,6 +508,7 @@ class RedisDispatch(Dispatch):
         self._listener: asyncio.Task | None = None
         self._subscriber: asyncio.Task | None = None
         self._last_id = "$"
+        self._closing = False
 
     @property
     def queue(self):
@@ -504,11 +525,9 @@ class RedisDispatch(Dispatch):
         self._subscriber = asyncio.create_task(self._follow_events(), name="argusdiff-events")
 
     async def close(self) -> None:
+        self._closing = True  # the loops end at their next turn even where a cancel is swallowed
         for task in (self._listener, self._subscriber):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+            await stop_task(task)
         await super().close()
         await self.aio.close()
 
@@ -543,7 +562,7 @@ class RedisDispatch(Dispatch):
         or an outage, and true again at the first ping that answers."""
         backoff = 0.05
         last_sweep = time.monotonic()
-        while True:
+        while not self._closing:
             try:
                 if not self.healthy:
                     await self.aio.r.ping()
@@ -580,7 +599,7 @@ class RedisDispatch(Dispatch):
     async def _follow_events(self) -> None:
         """Step events of streamed items (pub/sub: a router that is not listening misses them)."""
         backoff = 0.05
-        while True:
+        while not self._closing:
             try:
                 async for request_id, event in self.aio.events():
                     backoff = 0.05
