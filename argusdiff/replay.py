@@ -17,9 +17,13 @@ so "relative quality" (vs each prompt's best level) is comparable across them. W
 ``cascade_baselines`` the model-ladder baselines run on the cascade profile's two models instead
 (DiffServe §4.1's comparison: Clipper-Light/-Heavy, Proteus; ``Policy.cascade_baseline``).
 
-``argus+ (unified)`` is argus+ on the deployment profile that lists every path (``unified_profile``,
-``unified-a100``: the AC ladder, the smaller models and the cascades in one plan, per SLO tier);
-it runs by default. Its quality table is composed per strategy (:mod:`traces.synthetic`); a level it
+``argus+`` is the flagship: argus+ on the deployment profile that lists every path
+(``unified_profile``, ``unified-a100``: the AC ladder, the smaller models and the cascades in one
+plan, per SLO tier); it runs by default. argus+ on the AC ladder alone is ``argus+ (AC)``, a run
+only on request (``ac_only``, or with ``ablation``, whose switched-off parts it is the base of): it
+does not beat ARGUS on every trace of ``scripts/check_flagship.py`` (docs/results.md), so it is no
+default row. With ``unified`` off the deployment is the family profile alone and argus+ on it is
+``argus+``. Its quality table is composed per strategy (:mod:`traces.synthetic`); a level it
 shares with another profile takes that profile's scores, so every policy sees the same quality of
 the same level. With ``ablation`` it also runs without cascades, AC, SM or tiers
 (``Policy.path_ablations``). :func:`domination` is the check that no policy has both fewer or equal
@@ -57,6 +61,7 @@ __all__ = [
     "ReplaySpec",
     "cluster_capacity_qpm",
     "domination",
+    "family_label",
     "mixed_label",
     "prepare",
     "run_replay",
@@ -118,7 +123,11 @@ class ReplaySpec:
     # admission after every policy (argusdiff.admission), as the service applies it: True (the
     # [admission] defaults), False (off: a policy alone, e.g. to reproduce a paper) or a config
     admission: Any = True
-    unified: bool = True  # add argus+ on the deployment profile that lists every path
+    # argus+ (a policy with ``plans_unified``) on the deployment profile that lists every path, as
+    # ``argus+``; False: on its family's profile alone, as ``argus+``
+    unified: bool = True
+    # with ``unified``, also argus+ on its family's profile alone, as ``argus+ (AC)`` (family_label)
+    ac_only: bool = False
     unified_profile: str = "unified-a100"
     # ARGUS §4.1 drift retraining over the served-quality stream of policies that use the
     # classifier (argusdiff.simulator.drift.DriftSettings); None: not modelled
@@ -147,8 +156,15 @@ class ReplayResult:
 
 
 def unified_label(name: str) -> str:
-    """The label of policy ``name``'s run on the unified profile (``Policy.plans_unified``)."""
-    return f"{name} (unified)"
+    """The label of policy ``name``'s run on the unified profile (``Policy.plans_unified``): the
+    policy's own name (argus+ plans every path the deployment has; docs/policies.md)."""
+    return name
+
+
+def family_label(name: str, family: str) -> str:
+    """The label of the run of a policy that plans a unified profile on its family's profile alone
+    (``argus+ (AC)``), beside the unified run (``ReplaySpec.ac_only``)."""
+    return f"{name} ({family.upper()})"
 
 
 def mixed_label(name: str) -> str:
@@ -162,27 +178,36 @@ UNIFIED_LABEL = unified_label("argus+")
 
 def variant_runs(spec: ReplaySpec) -> list[tuple[str, str, dict[str, Any], str | None]]:
     """Every simulated run of ``spec`` as ``(label, policy, extra options, profile)``: each policy
-    of ``spec.policies`` on its family's profile (``profile`` None); with ``ablation``, each
-    registered policy's ``ablations``; with ``unified``, each selected policy that plans a unified
-    profile (``plans_unified``) on ``"unified"``, and its ``path_ablations`` with ``ablation``; with
-    ``mixed``, each registered policy that plans a merged ladder (``plans_mixed``) on ``"mixed"``."""
+    of ``spec.policies`` on its family's profile (``profile`` None), except that with ``unified`` a
+    policy that plans a unified profile (``plans_unified``) runs under its name on ``"unified"``
+    (with its ``path_ablations`` under ``ablation``) and on its family's profile only with
+    ``ac_only`` or ``ablation`` (as :func:`family_label`); with ``ablation``, each registered
+    policy's ``ablations`` on its family's profile; with ``mixed``, each registered policy that
+    plans a merged ladder (``plans_mixed``) on ``"mixed"``."""
     from argusdiff.policies import POLICIES, policy_class
 
-    runs: list[tuple[str, str, dict[str, Any], str | None]] = [(n, n, {}, None) for n in spec.policies]
+    def on_unified(name: str) -> bool:
+        return spec.unified and policy_class(name).plans_unified
+
+    def base(name: str) -> str:  # the label of the policy's run on its family's profile
+        return family_label(name, policy_class(name).family) if on_unified(name) else name
+
+    runs: list[tuple[str, str, dict[str, Any], str | None]] = []
+    for name in spec.policies:
+        if not on_unified(name):
+            runs.append((name, name, {}, None))
+            continue
+        runs.append((unified_label(name), name, {}, "unified"))
+        if spec.ac_only or spec.ablation:
+            runs.append((base(name), name, {}, None))
     if spec.ablation:
         for name, cls in POLICIES.items():
-            runs += [(f"{name} {suffix}", name, dict(opts), None) for suffix, opts in cls.ablations.items()]
-    if spec.unified:
+            runs += [(f"{base(name)} {suffix}", name, dict(opts), None) for suffix, opts in cls.ablations.items()]
         for name in spec.policies:
-            cls = policy_class(name)
-            if not cls.plans_unified:
-                continue
-            label = unified_label(name)
-            runs.append((label, name, {}, "unified"))
-            if spec.ablation:
-                runs += [
-                    (f"{label} {suffix}", name, dict(opts), "unified") for suffix, opts in cls.path_ablations.items()
-                ]
+            if on_unified(name):
+                label = unified_label(name)
+                paths = policy_class(name).path_ablations.items()
+                runs += [(f"{label} {suffix}", name, dict(opts), "unified") for suffix, opts in paths]
     if spec.mixed:
         runs += [(mixed_label(name), name, {}, "mixed") for name, cls in POLICIES.items() if cls.plans_mixed]
     return runs

@@ -254,8 +254,8 @@ def _num(x: Any) -> float:
 
 
 def format_domination(result) -> list[str]:
-    """The domination check of argus+ (unified) against the other policies of the run (not its own
-    ablation rows): lines, when it ran."""
+    """The domination check of argus+ (the flagship) against the other policies of the run (not its
+    own variants: ``argus+ (AC)``, ablation rows): lines, when it ran."""
     from argusdiff.replay import UNIFIED_LABEL, domination
 
     s = result.summaries

@@ -1,10 +1,10 @@
 """CPU seconds of a single-policy replay of ARGUS's 800-minute diagonal (50 -> 600 QPM, ~260k
 requests) on 24 simulated workers, and argus+'s cost against argus's.
 
-Usage: python scripts/bench_replay_cpu.py [--gpus 24] [--trace SPEC] [--policies argus,argus+,argus+ (unified)]
+Usage: python scripts/bench_replay_cpu.py [--gpus 24] [--trace SPEC] [--policies argus,argus+ (AC),argus+]
        [--repeat 1] [--profile]
 
-For each run (a row of ``argusdiff replay``: ``argus``, ``argus+``, ``argus+ (unified)``) it prints
+For each run (a row of ``argusdiff replay``: ``argus``, ``argus+ (AC)``, ``argus+``) it prints
 the process CPU seconds of the whole run (simulation, per-minute metrics, summary, drift check:
 ``argusdiff.replay._run_policy``) with the product's defaults (admission on, the default prompt
 set, predictor and seed); building the workload is shared and timed apart. The last lines give
@@ -32,7 +32,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", default="diagonal:start=50,end=600,duration=800m")
     ap.add_argument("--gpus", type=int, default=24)
-    ap.add_argument("--policies", default="argus,argus+,argus+ (unified)", help="comma-separated run labels")
+    ap.add_argument("--policies", default="argus,argus+ (AC),argus+", help="comma-separated run labels")
     ap.add_argument("--repeat", type=int, default=1, help="runs of each label (the minimum is reported)")
     ap.add_argument("--profile", action="store_true", help="print cProfile's top 25 functions of each run")
     args = ap.parse_args()
@@ -40,7 +40,7 @@ def main() -> int:
     from argusdiff.replay import ReplaySpec, _run_policy, _shared_run_settings, prepare
 
     labels = [p.strip() for p in args.policies.split(",") if p.strip()]
-    spec = ReplaySpec(trace=args.trace, gpus=args.gpus, policies=["argus", "argus+"])
+    spec = ReplaySpec(trace=args.trace, gpus=args.gpus, policies=["argus", "argus+"], ac_only=True)
     t0 = time.process_time()
     prepared = prepare(spec)
     t_prep = time.process_time() - t0

@@ -9,7 +9,7 @@ It holds the unified plans of ``argusdiff plan --profile unified-a100 --json`` f
 tier mixes, worker counts, a current assignment (the switch-cost pass), a partial hit rate and the
 MILP formulation; DiffServe's cascade MILP (``--profile cascade-sdxlltn-sdxl``) with and without
 queues, by both queue models; and the replay summaries of ``argusdiff replay --json`` on two short traces (one
-with slow workers, so the measured latencies feed the plans) for ARGUS, argus+, argus+ (unified)
+with slow workers, so the measured latencies feed the plans) for ARGUS, argus+, argus+ (AC)
 and DiffServe. Wall-clock fields (``solve_s``, ``wall_s``) are left out: they are the only ones a
 refactor may change.
 """
@@ -57,7 +57,7 @@ CASCADE_PLANS: tuple[tuple[str, ...], ...] = (
     ("--gpus", "4", "--load-qpm", "150", "--queue-light", "6", "--queue-heavy", "2", "--queue-model", "little"),
 )
 REPLAYS: tuple[tuple[str, ...], ...] = (
-    ("--trace", "bursty:low=40,high=160,period=5m,duration=8m", "--policies", "argus,argus+,diffserve"),
+    ("--trace", "bursty:low=40,high=160,period=5m,duration=8m", "--policies", "argus,argus+,diffserve", "--ac-only"),
     (
         "--trace",
         "poisson:qpm=100,duration=6m",
@@ -67,6 +67,7 @@ REPLAYS: tuple[tuple[str, ...], ...] = (
         "slow:2x2@1m+3m",
         "--seed",
         "3",
+        "--ac-only",
     ),
 )
 WALL = {"solve_s", "wall_s"}

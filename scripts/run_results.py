@@ -141,9 +141,9 @@ def merge_runs(res, spec: dict, rename) -> None:
 
 
 def sm_label(label: str) -> str | None:
-    """A row of a run on ``sm-a100`` as ``label (SM)``; its ``argus+ (unified)`` rows are left out: they
-    plan on ``unified-a100``, not on the SM ladder (the unified section has them)."""
-    return None if "(unified)" in label else f"{label} (SM)"
+    """A row of a run on ``sm-a100`` (run with ``unified`` off: argus+ on the SM ladder alone) as
+    ``label (SM)``."""
+    return f"{label} (SM)"
 
 
 def provenance_line(res, extra: str = "") -> str:
@@ -191,7 +191,7 @@ def bursty_description(spec: str) -> str:
 
 UNIFIED_START = "<!-- unified:start -->"
 UNIFIED_END = "<!-- unified:end -->"
-#: the faithful baselines argus+ (unified) must not be dominated by (issue 16)
+#: the faithful baselines argus+ must not be dominated by (issue 16)
 FIELD = ("argus", "pac", "proteus", "nirvana", "sommelier", "clipper-ha", "clipper-ht", "diffserve", "diffserve-static")
 TIER_TRACE = "bursty:low=40,high=160,period=10m,duration=1h,tiers=0.2/0.5/0.3"
 
@@ -205,8 +205,9 @@ def unified_section(traces, common, rule, keep) -> str:
     parts = [
         UNIFIED_START,
         "## One plan over every path: argus+ on unified-a100\n\n"
-        f"{rule} `argus+ (unified)`: argus+ planning the AC levels, the smaller models and the three cascades of "
-        "`unified-a100` in one plan (`solver.unified`, per SLO tier); `-cascades`, `-AC`, `-SM`: the same without "
+        f"{rule} `argus+`: argus+ planning the AC levels, the smaller models and the three cascades of "
+        "`unified-a100` in one plan (`solver.unified`, per SLO tier); `argus+ (AC)`: argus+ on the AC ladder "
+        "alone (no default row); `-cascades`, `-AC`, `-SM`: the same without "
         "that kind of path; `-tiers`: without tier awareness (one tier for every request in the plan, the queues "
         "and admission). Its quality model (per-class quality and each "
         "cascade's f_c(t) and kept-image quality) is profiled on the prompt set's quality table and the "
@@ -223,7 +224,8 @@ def unified_section(traces, common, rule, keep) -> str:
         t0 = time.perf_counter()
         res = run_replay(ReplaySpec(**common, trace=trace, policies=list(DEFAULT_POLICIES), ablation=True))
         keep(res, f"unified-{key}")
-        labels = [*FIELD, "argus+", *[lb for lb in res.summaries if lb.startswith(UNIFIED_LABEL)]]
+        own = [lb for lb in res.summaries if lb == UNIFIED_LABEL or lb.startswith(f"{UNIFIED_LABEL} -")]
+        labels = [*FIELD, *own, "argus+ (AC)"]
         dom = domination(res.summaries, UNIFIED_LABEL, among=FIELD)
         me = res.summaries[UNIFIED_LABEL]
         verdict = (
@@ -242,19 +244,19 @@ def unified_section(traces, common, rule, keep) -> str:
         wall = time.perf_counter() - t0
         parts.append(
             f"### {key}: {desc}\n\n{provenance_line(res)}(replayed in {wall:.0f} s)\n\n"
-            f"{md_table(res, labels=labels)}\n\nDomination check: argus+ (unified) is **{verdict}**.\n"
+            f"{md_table(res, labels=labels)}\n\nDomination check: argus+ is **{verdict}**.\n"
         )
         print(f"unified/{key}: {wall:.0f} s", flush=True)
     parts.insert(
         2,
-        "| trace | argus+ (unified) SLO viol. | rel. quality | gap to bound | domination check against the field |\n"
+        "| trace | argus+ SLO viol. | rel. quality | gap to bound | domination check against the field |\n"
         "|---|---:|---:|---:|---|\n" + "\n".join(checks) + "\n",
     )
     # the tier target: interactive violations with tiers vs the same planner without
     rows = []
     for lf, what in ((0.9, "scaled to 90% like the traces above"), (2.0, "at twice that load (a stress row)")):
         res = run_replay(ReplaySpec(**common, trace=TIER_TRACE, policies=["argus+"], ablation=True, load_fraction=lf))
-        for label in ("argus+", UNIFIED_LABEL, f"{UNIFIED_LABEL} -tiers"):
+        for label in ("argus+ (AC)", UNIFIED_LABEL, f"{UNIFIED_LABEL} -tiers"):
             s = res.summaries[label]
             tiers = s.get("tiers") or {}
             cells = []
@@ -271,7 +273,7 @@ def unified_section(traces, common, rule, keep) -> str:
     parts.append(
         "### Tiers: interactive, standard and batch requests\n\n"
         f"Trace `{TIER_TRACE}` (20% interactive, 50% standard, 30% batch; deadlines 1x, 1x and 4x the 12.6 s "
-        "SLO). argus+ (unified) plans the tiers highest priority first with twice the burst headroom on the "
+        "SLO). argus+ plans the tiers highest priority first with twice the burst headroom on the "
         "interactive tier and reserves workers for it (`Plan.reserved`); `-tiers` plans and routes every request "
         "as one tier. In every row the workers pull each level's queue highest-priority tier first and admission "
         "counts the backlog of a request's tier and the higher ones (mechanism, as the service).\n\n"
@@ -412,7 +414,8 @@ def main() -> int:
             "## ARGUS's comparison: traces scaled to the cluster\n\n"
             f"{rule} Every policy plans with the same demand predictor and margin (rows `… margin 1.2` plan 20% "
             "headroom). `… (SM)`: the policy on the smaller-model ladder (`sm-a100`, ARGUS Table 2 latencies); "
-            "`argus+ (AC+SM)`: argus+ on the merged ladder; `argus+ -x`: argus+ with part x switched off. "
+            "`argus+`: argus+ planning every path of `unified-a100`; `argus+ (AC)`: argus+ on the AC ladder alone; "
+            "`argus+ (AC+SM)`: argus+ on the merged ladder; `argus+ (AC) -x`: argus+ (AC) with part x switched off. "
             "DiffServe runs its SDXL-Lightning → SD-XL cascade at the same 12.6 s SLO here (its own 15 s SLO "
             "is in DiffServe's comparison below).",
         )
@@ -420,9 +423,13 @@ def main() -> int:
             t0 = time.perf_counter()
             spec = {**common, "trace": trace}
             res = run_replay(ReplaySpec(**spec, policies=policies, ablation=True))
-            merge_runs(res, {**spec, "profile": "sm-a100", "policies": ["argus", "argus+", "pac"]}, sm_label)
             merge_runs(
-                res, {**spec, "policies": ["argus+"], "mixed": True}, lambda lb: lb if lb.endswith("(AC+SM)") else None
+                res, {**spec, "profile": "sm-a100", "unified": False, "policies": ["argus", "argus+", "pac"]}, sm_label
+            )
+            merge_runs(
+                res,
+                {**spec, "policies": ["argus+"], "mixed": True, "unified": False},
+                lambda lb: lb if lb.endswith("(AC+SM)") else None,
             )
             merge_runs(
                 res,
@@ -617,9 +624,11 @@ def main() -> int:
         faults = "argus;cache@5h+30m"
         spec = {**common, "trace": trace, "faults": faults}
         res = run_replay(ReplaySpec(**spec, policies=policies))
-        merge_runs(res, {**spec, "profile": "sm-a100", "policies": ["argus", "argus+"]}, sm_label)
+        merge_runs(res, {**spec, "profile": "sm-a100", "unified": False, "policies": ["argus", "argus+"]}, sm_label)
         merge_runs(
-            res, {**spec, "policies": ["argus+"], "mixed": True}, lambda lb: lb if lb.endswith("(AC+SM)") else None
+            res,
+            {**spec, "policies": ["argus+"], "mixed": True, "unified": False},
+            lambda lb: lb if lb.endswith("(AC+SM)") else None,
         )
         keep(res, "faults")
         add(
@@ -653,9 +662,11 @@ def main() -> int:
         for key, (trace, desc) in stress.items():
             spec = {**common, "trace": trace}
             res = run_replay(ReplaySpec(**spec, policies=policies))
-            merge_runs(res, {**spec, "profile": "sm-a100", "policies": ["argus+"]}, sm_label)
+            merge_runs(res, {**spec, "profile": "sm-a100", "unified": False, "policies": ["argus+"]}, sm_label)
             merge_runs(
-                res, {**spec, "policies": ["argus+"], "mixed": True}, lambda lb: lb if lb.endswith("(AC+SM)") else None
+                res,
+                {**spec, "policies": ["argus+"], "mixed": True, "unified": False},
+                lambda lb: lb if lb.endswith("(AC+SM)") else None,
             )
             keep(res, f"stress-{key}")
             parts.append(f"### {key}: {desc}\n\n{provenance_line(res)}\n\n{md_table(res)}\n")

@@ -33,7 +33,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'row':34s} {'viol':>6s} {'quality':>8s} {'refused':>8s} {'false':>6s}")
     for opts, suffix in (({}, ""), ({"measured": False}, " (profile latencies)")):
         spec = ReplaySpec(
-            trace=args.trace, gpus=args.gpus, policies=["argus", "argus+"], faults=args.faults, policy_options=opts
+            trace=args.trace,
+            gpus=args.gpus,
+            policies=["argus", "argus+"],
+            faults=args.faults,
+            policy_options=opts,
+            ac_only=True,
         )
         res = run_replay(spec)
         for label, s in res.summaries.items():
@@ -44,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{s['refused']:8d} {s['false_refusals']:6d}"
             )
         if not suffix:
-            for label in ("argus+", "argus+ (unified)"):
+            for label in ("argus+ (AC)", "argus+"):
                 scales = [p.get("latency_scale", {}) for p in res.results[label].plans]
                 worst = max(scales, key=lambda d: max(d.values(), default=1.0))
                 shown = ", ".join(f"{lv} x{v:.2f}" for lv, v in sorted(worst.items()) if abs(v - 1) > 0.01)

@@ -272,6 +272,7 @@ def test_the_replay_table_has_a_bound_row_per_profile_and_every_gap():
     spec = ReplaySpec(
         trace="bursty:low=40,high=200,period=1m,duration=3m",
         policies=["argus+", "proteus", "diffserve"],
+        ac_only=True,  # argus+ (AC) too: every profile of the replay
         gpus=4,
         embeddings=False,
         admission=False,

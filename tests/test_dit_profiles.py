@@ -89,7 +89,7 @@ def test_replay_runs_the_dit_deployment_profile(capsys):
             "--no-plots", "--no-bound", "--quiet", "--json"]  # fmt: skip
     assert main(args) == 0
     out = json.loads(capsys.readouterr().out)["policies"]
-    unified = out["argus+ (unified)"]
+    unified = out["argus+"]
     assert unified["profile"] == "demo-cpu-flux-unified" and unified["requests"] > 0
     from argusdiff.profile import load_profile
 

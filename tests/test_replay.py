@@ -90,16 +90,19 @@ def test_replay_json_and_faults(capsys):
     rc = main(["replay", *SMALL, "--policies", "argus+", "--faults", "gpus:4@2m+2m", "--json", "--ablation"])
     assert rc == 0
     data = json.loads(capsys.readouterr().out)
-    unified = {"argus+ (unified)", *(f"argus+ (unified) -{x}" for x in ("cascades", "AC", "SM", "tiers"))}
+    # the flagship (argus+ on every path) with its path ablations; argus+ (AC) as the base of its own
+    unified = {"argus+", *(f"argus+ -{x}" for x in ("cascades", "AC", "SM", "tiers"))}
     assert set(data["policies"]) == {
-        "argus+",
-        "argus+ -admission",
-        "argus+ +backlog",
-        "argus+ -switch",
-        "argus+ -pooled",
-        "argus+ -measured",
+        "argus+ (AC)",
+        "argus+ (AC) -admission",
+        "argus+ (AC) +backlog",
+        "argus+ (AC) -switch",
+        "argus+ (AC) -pooled",
+        "argus+ (AC) -measured",
         *unified,
     }
+    assert data["policies"]["argus+"]["profile"] == "unified-a100"
+    assert data["policies"]["argus+ (AC)"]["profile"] == "sdxl-ac-a100"
     assert data["provenance"]["faults"] == "gpus:4@2m+2m"
     s = data["policies"]["argus+"]
     assert s["served"] + s["dropped"] == s["requests"]
@@ -279,23 +282,30 @@ def test_variant_runs_come_from_the_policies_that_declare_them():
 
     runs = variant_runs(ReplaySpec(ablation=True, mixed=True))
     labels = [label for label, _, _, _ in runs]
-    assert labels[:10] == list(ReplaySpec().policies)
-    assert labels[10:] == [
-        "argus+ -admission",
-        "argus+ +backlog",
-        "argus+ -switch",
-        "argus+ -pooled",
-        "argus+ -measured",
-        "argus+ (unified)",
-        "argus+ (unified) -cascades",
-        "argus+ (unified) -AC",
-        "argus+ (unified) -SM",
-        "argus+ (unified) -tiers",
+    # argus+ is the flagship on the unified profile, in its place among the policies; with the
+    # ablations, argus+ (AC) (argus+ on the AC ladder alone) follows it as their base
+    assert labels[:11] == [*ReplaySpec().policies[:2], "argus+ (AC)", *ReplaySpec().policies[2:]]
+    assert labels[11:] == [
+        "argus+ (AC) -admission",
+        "argus+ (AC) +backlog",
+        "argus+ (AC) -switch",
+        "argus+ (AC) -pooled",
+        "argus+ (AC) -measured",
+        "argus+ -cascades",
+        "argus+ -AC",
+        "argus+ -SM",
+        "argus+ -tiers",
         "argus+ (AC+SM)",
     ]
     on = {label: profile for label, _, _, profile in runs}
-    assert on["argus+ (unified) -SM"] == "unified" and on["argus+ (AC+SM)"] == "mixed" and on["argus+ -switch"] is None
-    assert dict(runs[15 + 3][2]) == {"paths": ("ac", "cascade")}  # -SM
+    assert on["argus+"] == "unified" and on["argus+ (AC)"] is None
+    assert on["argus+ -SM"] == "unified" and on["argus+ (AC+SM)"] == "mixed" and on["argus+ (AC) -switch"] is None
+    assert dict(runs[labels.index("argus+ -SM")][2]) == {"paths": ("ac", "cascade")}
+    # by default no AC-only row: argus+ is the unified plan; ac_only adds it; without unified, argus+
+    # is the AC ladder's
+    assert [label for label, *_ in variant_runs(ReplaySpec())] == list(ReplaySpec().policies)
+    assert "argus+ (AC)" in [label for label, *_ in variant_runs(ReplaySpec(ac_only=True))]
+    assert ("argus+", "argus+", {}, None) in variant_runs(ReplaySpec(unified=False))
     # without argus+ selected there is no unified run; without the switches, only the policies
     assert [label for label, *_ in variant_runs(ReplaySpec(policies=["argus", "diffserve"]))] == ["argus", "diffserve"]
 

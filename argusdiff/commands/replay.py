@@ -1,8 +1,8 @@
 """``argusdiff replay``: replay a trace through policies on a simulated cluster and compare them.
 
 With no arguments it replays a short embedded bursty trace (30 min at 40↔160 QPM) through every
-policy on 8 simulated workers, plus argus+ on the deployment profile that lists every path
-(``argus+ (unified)``, ``unified-a100``), and prints the comparison table with the domination check.
+policy on 8 simulated workers (argus+, the flagship, on the deployment profile that lists every
+path, ``unified-a100``), and prints the comparison table with argus+'s domination check.
 Admission after the policies (as the service applies it) is on unless ``--no-admission``.
 """
 
@@ -122,16 +122,22 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     parser.add_argument(
         "--ablation",
         action="store_true",
-        help="also run argus+ with each part switched off (and argus+ (unified) without cascades, AC, SM, tiers)",
+        help="also run argus+ without cascades, AC, SM or tiers, and argus+ (AC) with each part switched off",
     )
     parser.add_argument(
         "--unified-profile",
         default="unified-a100",
-        help="deployment profile with every path (AC, smaller models, [[cascades]]) for argus+ (unified); "
-        "default unified-a100",
+        help="deployment profile with every path (AC, smaller models, [[cascades]]) argus+ plans; default unified-a100",
     )
     parser.add_argument(
-        "--no-unified", action="store_true", help="leave out argus+ (unified), argus+ planning every path in one plan"
+        "--no-unified",
+        action="store_true",
+        help="argus+ on --profile alone (the AC ladder), not on --unified-profile's every path",
+    )
+    parser.add_argument(
+        "--ac-only",
+        action="store_true",
+        help="also run argus+ on --profile alone beside the flagship, as 'argus+ (AC)'",
     )
     parser.add_argument(
         "--mixed",
@@ -251,6 +257,7 @@ def run(args: argparse.Namespace) -> int:
         ablation=args.ablation,
         mixed=args.mixed,
         unified=not args.no_unified,
+        ac_only=args.ac_only,
         unified_profile=args.unified_profile,
         predictor=args.predictor if args.predictor is not None else load_settings().predictor.demand,
         load_fraction=args.load_fraction,
