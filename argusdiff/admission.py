@@ -48,14 +48,14 @@ import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from argusdiff.domain import ApproxLevel, DeadlineVerdict, Plan
+from argusdiff.domain import ApproxLevel, DeadlineVerdict, Plan, Refusal
 from argusdiff.errors import ConfigError
 
 __all__ = ["ADMITTED", "Admission", "AdmissionConfig", "Decision", "serving_workers"]
 
-ADMIT_REASON = ""
-LATE = "definitely late"
-CAPPED = "queue cap"
+ADMIT_REASON = Refusal.NONE
+LATE = Refusal.LATE
+CAPPED = Refusal.CAPPED
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +100,7 @@ class Decision:
     until a request like it would be admitted."""
 
     admitted: bool
-    reason: str = ADMIT_REASON
+    reason: Refusal = ADMIT_REASON  # a value (its text is the refusal's name for clients and metrics)
     retry_after_s: float = 0.0
     finish_s: float = math.nan  # estimated finish (nan: not estimated)
 

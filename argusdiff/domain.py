@@ -28,6 +28,7 @@ __all__ = [
     "DeadlineVerdict",
     "Plan",
     "Profile",
+    "Refusal",
     "Request",
     "Strategy",
     "Tier",
@@ -379,6 +380,26 @@ class DeadlineVerdict:
         return self.kind is not Timeliness.LATE
 
 
+class Refusal(enum.StrEnum):
+    """Why a request is not taken, as a value: the router and the simulator branch on it by
+    identity, never on a message. The human-readable text (``Assignment.reason``, the 429's
+    message) is for clients only. The values are the ``reason`` labels of
+    ``argusdiff_refused_total``."""
+
+    #: not refused
+    NONE = ""
+    #: the policy dropped it (DiffServe's 1.5 x SLO rule); ``Assignment.reason`` says why in words
+    POLICY = "policy"
+    #: no planned level with a worker is at least as good as the request's ``min_quality_level``
+    FLOOR_UNMET = "floor unmet"
+    #: no planned level with a worker is of a model the request allows (its LoRA adapter's)
+    MODELS_UNSERVED = "models unserved"
+    #: admission: it cannot finish by its deadline at its level given the backlog there
+    LATE = "definitely late"
+    #: admission: the level's queue is at ``[admission] queue_cap``
+    CAPPED = "queue cap"
+
+
 @dataclass(frozen=True, slots=True)
 class Assignment:
     """The data path's decision for one request."""
@@ -386,12 +407,17 @@ class Assignment:
     level: str | None  # level id that serves it (None when dropped)
     worker: str | None = None  # worker id chosen by the worker selector, when the policy picks one
     optimal_level: str | None = None  # the classifier's predicted optimal level
-    dropped: bool = False
+    refusal: Refusal = Refusal.NONE  # why the policy dropped it (NONE: it did not)
     best_effort: bool = False  # admitted although predicted to miss its deadline
-    reason: str = ""
+    reason: str = ""  # the decision in words, for clients and explanations; never branched on
     # the policy's deadline judgement (argusdiff.deadline); None: the policy does not route by
     # deadline, admission estimates on its own
     verdict: DeadlineVerdict | None = None
+
+    @property
+    def dropped(self) -> bool:
+        """The policy refused the request (:attr:`refusal` says why)."""
+        return self.refusal is not Refusal.NONE
 
 
 @dataclass(frozen=True, slots=True)

@@ -258,7 +258,7 @@ def test_the_plans_tier_mix_and_cache_hit_rate_are_the_clusters(two_routers):
     rate (they travel with the arrivals through Redis), not on its own traffic alone."""
     import time
 
-    from argusdiff.domain import Tier
+    from argusdiff.domain import Refusal, Tier
     from argusdiff.service.schemas import GenerationSpec
 
     a, b = two_routers(n_workers=1)
@@ -271,7 +271,7 @@ def test_the_plans_tier_mix_and_cache_hit_rate_are_the_clusters(two_routers):
     def traffic(router, tiers, lookups) -> None:  # on the router's event loop, as requests are
         now = time.time()
         for tier, n in tiers:
-            router._refuse(GenerationSpec(prompt="p", n=n, tier=tier), "test", "queue cap", 1.0, now, None)
+            router._refuse(GenerationSpec(prompt="p", n=n, tier=tier), "test", Refusal.CAPPED, 1.0, now, None)
         for hit in lookups:
             router.on_done("none", {"level": "tiny-sd", "ok": True, "lookup_s": 0.01, "cache_hit": hit})
 

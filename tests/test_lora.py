@@ -137,7 +137,7 @@ def test_the_latent_cache_keys_include_the_adapter(demo_registry, loras, memory_
 
 
 def test_routing_keeps_a_request_on_its_adapters_model():
-    from argusdiff.domain import Plan, Request
+    from argusdiff.domain import Plan, Refusal, Request
     from argusdiff.policies import make_policy
     from argusdiff.policies.base import MODELS_UNSERVED, RouteView
     from argusdiff.profile import load_profile
@@ -153,7 +153,7 @@ def test_routing_keeps_a_request_on_its_adapters_model():
     assert policy.decide(req, plan, view).level == "sd-1step"
     req = Request(id="r", prompt="a", arrival_s=0.0, models=frozenset({"demo-tiny-sd"}))  # sd-4 has no worker
     refused = policy.decide(req, plan, view)
-    assert refused.dropped and refused.reason == MODELS_UNSERVED
+    assert refused.dropped and refused.refusal is Refusal.MODELS_UNSERVED and refused.reason == MODELS_UNSERVED
 
 
 def test_the_api_names_an_unknown_adapter_and_serves_a_known_one(live_service, demo_models_dir, tmp_path):

@@ -9,7 +9,7 @@ import zlib
 
 import pytest
 
-from argusdiff.domain import Tier
+from argusdiff.domain import Refusal, Tier
 from argusdiff.service.errors import ApiError
 from argusdiff.service.health import CacheHealth
 from argusdiff.service.schemas import Limits, parse_native, parse_openai
@@ -198,7 +198,7 @@ def test_control_loop_hands_the_policy_the_periods_tier_mix_and_cache_hit_rate()
         plan = service.policy.plan
         service.policy.plan = lambda stats: seen.append(stats) or plan(stats)
         for tier, n in ((Tier.INTERACTIVE, 2), (Tier.BATCH, 3), (Tier.STANDARD, 1)):
-            router._refuse(GenerationSpec(prompt="p", n=n, tier=tier), "test", "queue cap", 1.0, now - 1, None)
+            router._refuse(GenerationSpec(prompt="p", n=n, tier=tier), "test", Refusal.CAPPED, 1.0, now - 1, None)
         for hit in (True, True, False, True):
             router.on_done("none", {"level": "tiny-sd", "ok": True, "lookup_s": 0.01, "cache_hit": hit})
         router.on_done("none", {"level": "tiny-sd", "ok": True})  # no lookup: not counted

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from argusdiff.domain import Assignment, ClusterStats, Plan, Profile, Request, Strategy, level_catalogue
+from argusdiff.domain import Assignment, ClusterStats, Plan, Profile, Refusal, Request, Strategy, level_catalogue
 from argusdiff.errors import ConfigError
 from argusdiff.policies.state import import_demand
 from argusdiff.predictors import DemandPredictor, predictor_spec
@@ -47,9 +47,11 @@ __all__ = [
 ]
 
 
-#: ``Assignment.reason`` of a request refused because no planned level meets its minimum quality
+#: ``Assignment.reason`` (the words; :attr:`Refusal.FLOOR_UNMET` is the value) of a request refused
+#: because no planned level meets its minimum quality
 FLOOR_UNMET = "no worker serves a level at least as good as the requested minimum quality level"
-#: ``Assignment.reason`` of a request refused because no planned level is of a model it allows (its adapter's)
+#: ``Assignment.reason`` (the words; :attr:`Refusal.MODELS_UNSERVED` is the value) of a request
+#: refused because no planned level is of a model it allows (its adapter's)
 MODELS_UNSERVED = "no worker serves a level of a model that has the requested adapter"
 
 
@@ -322,7 +324,7 @@ class Policy(abc.ABC):
         """``a``, or, when the request may only be served by some models (``request.models``: a LoRA
         adapter is part of the path's quality profile) and ``a``'s level is of another, a planned
         level of those models with a worker and within the quality floor: the fastest at least as
-        good as ``a``'s, else the best of them; none: dropped (:data:`MODELS_UNSERVED`)."""
+        good as ``a``'s, else the best of them; none: dropped (:attr:`~argusdiff.domain.Refusal.MODELS_UNSERVED`)."""
         allowed = request.models
         if allowed is None or a.dropped or a.level is None:
             return a
@@ -340,7 +342,9 @@ class Policy(abc.ABC):
             if workers:
                 served.append((level, workers))
         if not served:
-            return Assignment(level=None, optimal_level=a.optimal_level, dropped=True, reason=MODELS_UNSERVED)
+            return Assignment(
+                level=None, optimal_level=a.optimal_level, refusal=Refusal.MODELS_UNSERVED, reason=MODELS_UNSERVED
+            )
         want = chosen.quality - 1e-12 if chosen is not None else float("inf")
         good = [x for x in served if x[0].quality >= want]
         level, workers = good[-1] if good else served[0]
@@ -355,7 +359,8 @@ class Policy(abc.ABC):
     def at_least(self, request: Request, plan: Plan, view: RouteView, a: Assignment) -> Assignment:
         """``a``, or, when its level is below the request's ``min_quality_level``, the fastest level
         of ``plan`` with a worker that is at least as good (its least loaded worker); no such level:
-        dropped (:data:`FLOOR_UNMET`). A tier needs nothing here: it sets the request's SLO."""
+        dropped (:attr:`~argusdiff.domain.Refusal.FLOOR_UNMET`). A tier needs nothing here: it sets
+        the request's SLO."""
         floor = request.min_quality_level
         if floor is None or a.dropped or a.level is None:
             return a
@@ -378,7 +383,7 @@ class Policy(abc.ABC):
                     best_effort=a.best_effort,
                     reason="minimum quality level",
                 )
-        return Assignment(level=None, optimal_level=a.optimal_level, dropped=True, reason=FLOOR_UNMET)
+        return Assignment(level=None, optimal_level=a.optimal_level, refusal=Refusal.FLOOR_UNMET, reason=FLOOR_UNMET)
 
     def on_served(self, level_id: str, latency_s: float, ok: bool) -> None:  # noqa: B027 - optional hook
         """Feedback after a request finished (``ok``: within its SLO). Default: nothing."""

@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from argusdiff.domain import Assignment, ClusterStats, Plan, Request, Strategy
+from argusdiff.domain import Assignment, ClusterStats, Plan, Refusal, Request, Strategy
 from argusdiff.policies.base import CommonOptions, Policy, PolicyError, RouteView, require, select_worker
 from solver.cascade import solve_cascade
 
@@ -259,7 +259,7 @@ class DiffServe(Policy, name="diffserve", family="cascade"):
         runtime = level.latency(b) if wait > 0 else level.latency(1)
         slo = request.slo_s if request.slo_s is not None else self.slo_s
         if (view.now_s - request.arrival_s) + wait + runtime > self.options.drop_factor * slo:
-            return Assignment(level=None, worker=w, dropped=True, reason="predicted to miss 1.5 x SLO")
+            return Assignment(level=None, worker=w, refusal=Refusal.POLICY, reason="predicted to miss 1.5 x SLO")
         return Assignment(level=level.id, worker=w)
 
     def route(self, request: Request, plan: Plan, view: RouteView) -> Assignment:

@@ -25,10 +25,20 @@ from typing import Any
 from argusdiff import tracing
 from argusdiff.admission import Admission, AdmissionConfig, Decision
 from argusdiff.config import ServiceConfig
-from argusdiff.domain import ApproxLevel, Assignment, Plan, Profile, Request, Tier, level_catalogue, tier_rank
+from argusdiff.domain import (
+    ApproxLevel,
+    Assignment,
+    Plan,
+    Profile,
+    Refusal,
+    Request,
+    Tier,
+    level_catalogue,
+    tier_rank,
+)
 from argusdiff.latency import LatencyEstimator
 from argusdiff.period import PeriodAccumulator, PeriodStats
-from argusdiff.policies.base import FLOOR_UNMET, MODELS_UNSERVED, Policy, RouteView
+from argusdiff.policies.base import Policy, RouteView
 from argusdiff.service.errors import ApiError, QueueUnavailable
 from argusdiff.service.explain import explain
 from argusdiff.service.health import CacheHealth
@@ -331,12 +341,13 @@ class Router:
             raise
 
     def _refuse(
-        self, spec: GenerationSpec, why: str, reason: str, retry_after_s: float, now: float, optimal: str | None
+        self, spec: GenerationSpec, why: str, refusal: Refusal, retry_after_s: float, now: float, optimal: str | None
     ) -> ApiError:
         """429 ``overloaded``: nothing of the request was accepted. It still counts as demand, as
-        in the simulator (the planner sees the offered load, not only what was admitted)."""
+        in the simulator (the planner sees the offered load, not only what was admitted).
+        ``refusal`` is who refused (the metric's label), ``why`` the words for the client."""
         self.metrics.requests.labels("none", "rejected").inc(spec.n)
-        self.metrics.refused.labels(reason).inc()
+        self.metrics.refused.labels(refusal).inc()
         self._arrived(now, spec.n, spec.tier.value)
         if optimal is not None:
             self.period.classified(optimal, spec.n)
@@ -413,7 +424,7 @@ class Router:
             with tracing.span("route", **{"argusdiff.optimal_level": optimal or ""}):
                 assignment = self.policy.decide(request, plan, self.view(now, plan, optimal, slo, similarity))
             if assignment.dropped or assignment.level is None:
-                if assignment.reason == MODELS_UNSERVED:
+                if assignment.refusal is Refusal.MODELS_UNSERVED:
                     self.metrics.requests.labels("none", "rejected").inc(spec.n)
                     raise ApiError(
                         429,
@@ -423,7 +434,7 @@ class Router:
                         code="insufficient_capacity",
                         headers={"Retry-After": str(self.config.retry_after_s)},
                     )
-                if assignment.reason == FLOOR_UNMET:
+                if assignment.refusal is Refusal.FLOOR_UNMET:
                     self.metrics.requests.labels("none", "rejected").inc(spec.n)
                     raise ApiError(
                         429,
@@ -435,7 +446,7 @@ class Router:
                         headers={"Retry-After": str(self.config.retry_after_s)},
                     )
                 why = assignment.reason or "dropped by the policy"
-                raise self._refuse(spec, why, "policy", self.config.retry_after_s, now, optimal)
+                raise self._refuse(spec, why, Refusal.POLICY, self.config.retry_after_s, now, optimal)
             level = assignment.level
             with tracing.span("admission", **{"argusdiff.level": level}):
                 decision = self._admit(level, plan, now, slo, rank, assignment.verdict)
