@@ -26,6 +26,7 @@ __all__ = [
     "CascadeSpec",
     "ClusterStats",
     "DeadlineVerdict",
+    "Delivery",
     "Plan",
     "Profile",
     "Refusal",
@@ -44,6 +45,24 @@ class Strategy(enum.StrEnum):
     AC = "ac"  # approximate caching: resume from a cached latent, skip K of N steps
     SM = "sm"  # smaller (or distilled) model
     CASCADE = "cascade"  # light model judged by a discriminator, heavy model on deferral
+
+    def __str__(self) -> str:  # pragma: no cover - trivial
+        return self.value
+
+
+class Delivery(enum.Enum):
+    """How an accepted request reaches a worker: each policy declares its source's
+    (``Policy.delivery``; docs/baselines.md gives the sources).
+
+    * ``SHARED`` — the level's one queue, pulled by every worker serving the level: the request
+      starts on whichever of them frees up first (earliest start).
+    * ``PER_WORKER`` — the queue of the worker the policy picked (``Assignment.worker``): the
+      request waits there behind that worker's own backlog, as Proteus's ``canary_routing`` puts it
+      on one device's queue; another worker takes it only when that one is gone (its queue is
+      re-queued to the level's shared queue)."""
+
+    SHARED = "shared"
+    PER_WORKER = "per-worker"
 
     def __str__(self) -> str:  # pragma: no cover - trivial
         return self.value

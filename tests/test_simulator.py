@@ -153,3 +153,64 @@ def test_requests_wait_while_every_worker_is_down(ac, sm):
     # and are spread over the returning workers rather than piled on one
     late = [w for w, s, _e in res.busy if 300.0 <= s < 330.0]
     assert len(set(late)) >= 4
+
+
+def _with_delivery(name, profile, delivery, seed=0):
+    pol = make_policy(name, profile, rng=np.random.default_rng(seed))
+    pol.delivery = delivery
+    return pol
+
+
+def test_per_worker_delivery_serves_on_the_policys_worker(sm):
+    """Proteus declares per-worker delivery (canary_routing: one device's queue): every request is
+    served on the worker its route picked, so the picks' imbalance queues work while other workers
+    of the level are idle; the shared per-level pull of the same picks does not."""
+    from argusdiff.domain import Delivery
+    from argusdiff.policies.base import REGISTRY
+
+    assert REGISTRY["proteus"].delivery is Delivery.PER_WORKER
+    assert REGISTRY["nirvana"].delivery is Delivery.PER_WORKER
+    assert REGISTRY["sommelier"].delivery is Delivery.PER_WORKER
+    assert REGISTRY["argus"].delivery is Delivery.SHARED
+    wl = quick_workload("poisson:qpm=60,duration=10m", [sm], n_prompts=300)
+    picks: list[str | None] = []
+    pol = _with_delivery("proteus", sm, Delivery.PER_WORKER)
+    route = pol.route
+
+    def spy(request, plan, view):
+        a = route(request, plan, view)
+        picks.append(a.worker)
+        return a
+
+    pol.route = spy
+    own = simulate(pol, wl, SimConfig(seed=0))
+    shared = simulate(_with_delivery("proteus", sm, Delivery.SHARED), wl, SimConfig(seed=0))
+    assert len(picks) == wl.n_requests
+    served = own.status == SERVED
+    assert served.sum() == wl.n_requests
+    assert [f"w{w}" for w in own.worker] == picks  # each on its pick
+    # the same levels either way (same rng draws); only the wait differs
+    assert np.array_equal(own.level, shared.level)
+    assert not np.array_equal(own.worker, shared.worker)
+    late_own = np.sum(own.finish_s - wl.arrivals_s > own.req_slo_s)
+    late_shared = np.sum(shared.finish_s - wl.arrivals_s > shared.req_slo_s)
+    assert late_own > late_shared
+
+
+def test_per_worker_queue_of_a_failed_worker_is_requeued(sm):
+    """Work waiting in a failed worker's own queue is not lost: it is dispatched again (the policy
+    picks an up worker) and served."""
+    from argusdiff.domain import Delivery
+
+    wl = quick_workload("poisson:qpm=90,duration=20m", [sm], n_prompts=300)
+    faults = (Fault("gpus", 330.0, 600.0, 4),)
+    res = simulate(_with_delivery("proteus", sm, Delivery.PER_WORKER), wl, SimConfig(seed=0, faults=faults))
+    assert np.sum(res.status == SERVED) == wl.n_requests
+    moved = 0
+    for w, s, e in res.busy:
+        if w >= 4:
+            assert e <= 330.0 + 1e-9 or s >= 930.0 - 1e-9
+    for i in range(wl.n_requests):
+        if wl.arrivals_s[i] < 330.0 < res.finish_s[i]:
+            moved += res.worker[i] < 4
+    assert moved > 0

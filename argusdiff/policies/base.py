@@ -24,7 +24,17 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from argusdiff.domain import Assignment, ClusterStats, Plan, Profile, Refusal, Request, Strategy, level_catalogue
+from argusdiff.domain import (
+    Assignment,
+    ClusterStats,
+    Delivery,
+    Plan,
+    Profile,
+    Refusal,
+    Request,
+    Strategy,
+    level_catalogue,
+)
 from argusdiff.errors import ConfigError
 from argusdiff.policies.state import import_demand
 from argusdiff.predictors import DemandPredictor, predictor_spec
@@ -213,6 +223,10 @@ class Policy(abc.ABC):
     uses_classifier: ClassVar[bool] = False
     #: whether ``route`` reads RouteView.cache_similarity (the live router then looks it up)
     uses_cache_similarity: ClassVar[bool] = False
+    #: how an accepted request reaches a worker (:class:`~argusdiff.domain.Delivery`): the level's
+    #: shared queue pulled by its workers, or the queue of the worker ``route`` picked (the source's
+    #: delivery; the simulator, the in-process queues and Redis all honour it)
+    delivery: ClassVar[Delivery] = Delivery.SHARED
     #: whether the control loop re-plans as soon as a model finishes loading (ARGUS §4.6)
     replans_on_load: ClassVar[bool] = False
     #: whether the policy switches an AC profile to a smaller-model fallback profile when the cache

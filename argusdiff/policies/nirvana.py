@@ -8,7 +8,7 @@ the load — and the load is spread uniformly over the workers.
 
 from __future__ import annotations
 
-from argusdiff.domain import Assignment, ClusterStats, Plan, Request, Strategy
+from argusdiff.domain import Assignment, ClusterStats, Delivery, Plan, Request, Strategy
 from argusdiff.policies.base import Policy, PolicyError, RouteView
 from cache.policy import CachePolicy, k_for_similarity
 
@@ -17,6 +17,8 @@ __all__ = ["Nirvana"]
 
 class Nirvana(Policy, name="nirvana", family="ac"):
     summary = "approximate caching on every worker, K from cache similarity, uniform load"
+    # NIRVANA spreads the load uniformly over the workers: each request waits on the one drawn
+    delivery = Delivery.PER_WORKER
     strategies = frozenset({Strategy.AC})
     uses_cache_similarity = True
     source_predictor = "argus-paper"

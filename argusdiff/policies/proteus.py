@@ -11,7 +11,7 @@ knobs, their sources and the departures from the Proteus artifact.
 
 from __future__ import annotations
 
-from argusdiff.domain import Assignment, Plan, Request, Strategy
+from argusdiff.domain import Assignment, Delivery, Plan, Request, Strategy
 from argusdiff.policies.argus import Pac
 from argusdiff.policies.base import RouteView
 
@@ -20,6 +20,8 @@ __all__ = ["Proteus"]
 
 class Proteus(Pac, name="proteus", family="sm"):
     summary = "prompt-agnostic accuracy scaling over smaller models (ILP), random routing"
+    # the artifact's canary_routing: a device drawn by weight, the request waits in its queue
+    delivery = Delivery.PER_WORKER
     cascade_baseline = True
     source_predictor = "proteus-artifact"
     strategies = frozenset({Strategy.SM, Strategy.CASCADE})

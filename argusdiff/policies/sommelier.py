@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from argusdiff.domain import Assignment, ClusterStats, Plan, Request, Strategy
+from argusdiff.domain import Assignment, ClusterStats, Delivery, Plan, Request, Strategy
 from argusdiff.policies.base import Policy, RouteView, uniform_pasm
 from argusdiff.policies.state import import_mapping
 
@@ -22,6 +22,8 @@ __all__ = ["Sommelier"]
 
 class Sommelier(Policy, name="sommelier", family="sm"):
     summary = "per-GPU level choice from that GPU's own load, no cluster view"
+    # each request is served on the worker the front end sent it to (that worker picked its level)
+    delivery = Delivery.PER_WORKER
     strategies = frozenset({Strategy.SM, Strategy.AC})
     source_predictor = "sommelier-artifact"
 

@@ -2,6 +2,11 @@
 
 Virtual clock, deterministic for a seed. The mechanism modelled here:
 
+* **Delivery** (the policy's :class:`~argusdiff.domain.Delivery`): with ``SHARED`` a request goes
+  to the level's queue and starts on whichever of the level's workers starts it first (earliest
+  start: the workers pull the one queue); with ``PER_WORKER`` it waits in the queue of the worker
+  the policy picked (``Assignment.worker``), behind that worker's own backlog, and moves only when
+  that worker is down (a failure re-dispatches it, and the policy picks again).
 * **Workers** serve one batch at a time, pulling a level's queue highest-priority SLO tier first
   (``interactive``, ``standard``, ``batch``: :data:`argusdiff.domain.TIER_PRIORITY`; FIFO within
   a tier), as the service's work queues do. A request joins the last batch of its worker if that
@@ -67,6 +72,7 @@ from argusdiff.admission import ADMITTED, Admission, AdmissionConfig, Decision
 from argusdiff.domain import (
     ApproxLevel,
     ClusterStats,
+    Delivery,
     Plan,
     Profile,
     Request,
@@ -159,6 +165,7 @@ class SimResult:
     cache_miss: np.ndarray  # routed to an AC level with K > 0, served at the K = 0 level (miss or cache down)
     best_effort: np.ndarray
     deferred: np.ndarray
+    worker: np.ndarray  # per request the index of the worker that served it (-1: none); ids w0, w1, ...
     busy: list[tuple[int, float, float]]  # (worker, start, end) of every batch
     loads: list[tuple[int, float, float, str]]  # (worker, start, end, model)
     up_intervals: list[tuple[int, float, float]]  # (worker, start, end) when the worker was up
@@ -289,6 +296,8 @@ class Simulator:
         mems = [p.gpu_memory_gb for p in profiles if p.gpu_memory_gb is not None]
         self.gpu_memory = min(mems) if mems else None
         self.replans_on_load = policy.replans_on_load
+        # the policy's delivery: its own worker choice honoured, or the level's shared pull
+        self.per_worker = policy.delivery is Delivery.PER_WORKER
         # demand bins of each period, as the live control loop counts them
         self.bin_s = bin_length_s(policy.predictor_spec)
         if policy.profile.ids not in workload.optimal:
@@ -415,6 +424,7 @@ class Simulator:
         self.miss = np.zeros(n, dtype=bool)
         self.best_effort = np.zeros(n, dtype=bool)
         self.deferred = np.zeros(n, dtype=bool)
+        self.worker_arr = np.full(n, -1, dtype=np.int32)
         self.refused = np.zeros(n, dtype=bool)
         self.false_refused = np.zeros(n, dtype=bool)
         admission = Admission(self.levels, cfg.admission) if cfg.admission.enabled else None
@@ -532,11 +542,11 @@ class Simulator:
                 self.status[i] = DROPPED
                 self.refused[i] = True
                 # a false refusal: queued there and then, it would have finished within its SLO
-                would = self._would_finish(i, p, t, a.level, plan)
+                would = self._would_finish(i, p, t, a.level, plan, a.worker)
                 self.false_refused[i] = would <= float(arr[i]) + float(self.req_slo[i]) + 1e-9
             else:
                 self.best_effort[i] = a.best_effort
-                self._serve(i, p, t, a.level, plan, stage=0)
+                self._serve(i, p, t, a.level, plan, stage=0, worker=a.worker)
             i += 1
             if self.progress is not None and i % report_every == 0:
                 self.progress(i / n)
@@ -576,6 +586,7 @@ class Simulator:
             cache_miss=self.miss,
             best_effort=self.best_effort,
             deferred=self.deferred,
+            worker=self.worker_arr,
             busy=[(b.worker, b.start, b.finish) for b in self.busy if b.finish > b.start],
             loads=self.loads,
             up_intervals=self.up_intervals,
@@ -857,6 +868,7 @@ class Simulator:
                 b.finish = max(b.start, t) if b.start < t else b.start
                 for i in b.members:
                     self.status[i] = PENDING
+                    self.worker_arr[i] = -1
                     self.epoch[i] += 1
                     self._push(t, "redispatch", i)
             self.dq[w].clear()
@@ -884,9 +896,11 @@ class Simulator:
         if a.dropped or a.level is None:
             self.status[i] = DROPPED
             return
-        self._serve(i, p, t, a.level, plan, stage=0)
+        self._serve(i, p, t, a.level, plan, stage=0, worker=a.worker)
 
-    def _would_finish(self, i: int, p: int, t: float, level_id: str, plan: Plan | None) -> float:
+    def _would_finish(
+        self, i: int, p: int, t: float, level_id: str, plan: Plan | None, worker: str | None = None
+    ) -> float:
         """When arrival ``i`` (prompt ``p``) would finish had it been queued at ``level_id`` at
         ``t``, as :meth:`_serve` would place it (nothing changes): the counterfactual behind the
         false-refusal count."""
@@ -906,7 +920,9 @@ class Simulator:
             extra += spec.discriminator_latency_s
         bsize = plan.batch_sizes.get(served.id, 1) if plan is not None and plan.batch_sizes else 1
         rank = int(self.req_rank[i])
-        w = self._puller(level_id, served, t, bsize, rank)
+        w = self._deliver_to(worker)
+        if w is None:
+            w = self._puller(level_id, served, t, bsize, rank)
         if w is None:
             w = self._pick_up_worker(lv, t)
             if w is None:
@@ -1003,7 +1019,7 @@ class Simulator:
             self.status[i] = DROPPED
             self.level_arr[i] = -1
             return
-        self._serve(i, p, t, a.level, plan, stage=1)
+        self._serve(i, p, t, a.level, plan, stage=1, worker=a.worker)
 
     # ---- data path mechanism ---------------------------------------------------------------
 
@@ -1098,7 +1114,17 @@ class Simulator:
                 best_key, best = key, w
         return best
 
-    def _serve(self, i: int, p: int, t: float, level_id: str, plan: Plan | None, stage: int) -> None:
+    def _deliver_to(self, worker: str | None) -> int | None:
+        """The worker whose own queue a request waits in (``Delivery.PER_WORKER``): the policy's
+        pick while it is up; None: the level's shared pull (``Delivery.SHARED``, or no pick)."""
+        if not self.per_worker or worker is None:
+            return None
+        w = self.widx.get(worker)
+        return w if w is not None and self.up[w] else None
+
+    def _serve(
+        self, i: int, p: int, t: float, level_id: str, plan: Plan | None, stage: int, worker: str | None = None
+    ) -> None:
         lv = self.levels.get(level_id)
         if lv is None:
             raise ConfigError(f"policy {self.policy.name!r} routed to unknown level {level_id!r}")
@@ -1116,10 +1142,13 @@ class Simulator:
                 if not hit:
                     served = self.levels[self.ac_base[level_id]]
         bsize = plan.batch_sizes.get(served.id, 1) if plan is not None and plan.batch_sizes else 1
-        # pull-based per-level queues, as the service: the request goes to the worker of its level
-        # that starts it first (FIFO over the level's workers); the policy's worker is an estimate
+        # the policy's delivery: the queue of the worker it picked (PER_WORKER), or, as the service's
+        # shared per-level queues, the worker of its level that starts it first (FIFO over the
+        # level's workers; the policy's worker is then an estimate)
         rank = int(self.req_rank[i])
-        w = self._puller(level_id, served, t, bsize, rank)
+        w = self._deliver_to(worker)
+        if w is None:
+            w = self._puller(level_id, served, t, bsize, rank)
         if w is None:
             w = self._pick_up_worker(lv, t)
             if w is None:
@@ -1167,6 +1196,7 @@ class Simulator:
             self.free_at[w] = batch.finish
             self.view.busy_until[self.wids[w]] = batch.finish
         self.req_batch[i] = batch
+        self.worker_arr[i] = w
         self.status[i] = SERVED
         self.level_arr[i] = self.cat_index[served.id]
         self.quality[i] = self.wl.quality[served.id][p]
