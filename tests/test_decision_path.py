@@ -6,7 +6,9 @@ cascade deferral). The test feeds a request sequence to the simulator, then the 
 a live router whose clock is a virtual one that the stand-in workers advance by the profiled
 latencies they "run" (so the live router sees the same times as the simulator), and compares
 every request's outcome: refused on arrival, the level that served it, whether the cascade
-deferred it, and whether the policy dropped it after the light stage. Requests arrive one at a
+deferred it, and whether the policy dropped it after the light stage; for a policy whose delivery
+is ``PER_WORKER`` (Proteus) also the worker that served it, which both paths take from the policy's
+pick (for a ``SHARED`` one the worker is whichever pulls first, in both paths alike). Requests arrive one at a
 time (each done before the next), so both paths observe idle queues; per-request deadlines and
 minimum quality levels vary so that floors, refusals, deferrals and drops all happen.
 """
@@ -22,7 +24,7 @@ import pytest
 
 from argusdiff.admission import AdmissionConfig
 from argusdiff.config import Settings
-from argusdiff.domain import level_catalogue
+from argusdiff.domain import Delivery, level_catalogue
 from argusdiff.policies import make_policy
 from argusdiff.profile import load_profile
 from argusdiff.service.dispatch import LocalDispatch
@@ -113,12 +115,14 @@ def _sim_outcomes(policy_name: str, profile, wl):
 
     pol.plan = plan
     res = simulate(pol, wl, SimConfig(gpus=GPUS, period_s=PERIOD_S, seed=0, admission=ADMISSION))
+    per_worker = pol.delivery is Delivery.PER_WORKER
     out = []
     for i in range(wl.n_requests):
         if res.status[i] == 2:  # dropped
             out.append(("dropped",) if res.deferred[i] else ("refused",))
         else:
-            out.append(("served", res.level_ids[res.level[i]], bool(res.deferred[i])))
+            worker = f"w{res.worker[i]}" if per_worker else None
+            out.append(("served", res.level_ids[res.level[i]], bool(res.deferred[i]), worker))
     return out, seen[0]
 
 
@@ -205,7 +209,8 @@ async def _live_outcomes(policy_name: str, profile, wl, stats):
                 out.append(("dropped",))
             else:
                 assert res.ok, res.error
-                out.append(("served", res.level, bool(res.deferred)))
+                worker = res.worker_id if router.per_worker else None
+                out.append(("served", res.level, bool(res.deferred), worker))
     finally:
         for w in workers:
             w.stop()
@@ -218,7 +223,8 @@ async def _live_outcomes(policy_name: str, profile, wl, stats):
     [
         ("argus", "sm-a100"),
         ("argus+", "sm-a100"),
-        ("proteus", "sm-a100"),
+        ("proteus", "sm-a100"),  # Delivery.PER_WORKER
+        ("sommelier", "sm-a100"),  # Delivery.PER_WORKER
         ("diffserve", "cascade-sdturbo-sdv15"),
         ("proteus", "cascade-sdturbo-sdv15"),
     ],
@@ -233,6 +239,8 @@ def test_simulator_and_live_router_take_the_same_decisions(policy_name, profile_
     assert not diffs, f"{len(diffs)} of {N} decisions differ (request, simulator, live): {diffs[:5]}"
     kinds = {o[0] for o in sim}
     assert "served" in kinds
+    if router.per_worker:  # each on the worker its policy picked, in both paths, and not on one alone
+        assert len({o[3] for o in sim if o[0] == "served"}) >= 2
     served_levels = {o[1] for o in sim if o[0] == "served"}
     if policy_name == "diffserve":
         # every kind of cascade decision happened, in both paths alike
@@ -243,7 +251,7 @@ def test_simulator_and_live_router_take_the_same_decisions(policy_name, profile_
     elif profile.cascade is not None:
         # a policy that does not cascade keeps every light image the stand-in judge rejected
         assert router.handoffs["kept"] > 0 and router.handoffs["heavy"] == 0
-    else:
+    elif policy_name != "sommelier":  # Sommelier serves each worker's own level: every one at SD-XL here
         assert len(served_levels) >= 2  # floors and deadlines moved requests across levels
     assert router.level_load.total() == 0 and not router.inflight
 

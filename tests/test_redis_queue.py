@@ -223,3 +223,91 @@ def test_workers_back_off_with_jitter_when_redis_is_down(redis_server):
     a._pause = lambda t: again.append(t) or False
     assert a.step() == 0 and again == []  # reconnected: no wait, and the backoff is reset
     assert a.reconnect_wait() <= RECONNECT_BASE_S
+
+
+def _mine(rid: str, worker: str, tier: str | None = None, level: str = "a") -> WorkItem:
+    from workers.queue import WORKER_META
+
+    meta = {WORKER_META: worker, **({"tier": tier} if tier else {})}
+    return WorkItem(request_id=rid, prompt="p", level=level, meta=meta)
+
+
+def test_per_worker_streams_deliver_to_their_worker(redis_any):
+    """Delivery PER_WORKER: an item naming a worker waits on that worker's own stream of the level
+    (hash-tagged with the level: one slot), taken only by that worker (its own first, then the
+    level's); a nack returns it to the level's stream; ``release`` moves the unread rest there."""
+    w1 = RedisWorkQueue(redis_any.url, namespace="t10", consumer="w1")
+    w2 = RedisWorkQueue(redis_any.url, namespace="t10", consumer="w2")
+    keys = w1.keys
+    assert (
+        keys.stream("a", None, "w1") == "{t10:q:a}:w:w1" and keys.stream("a", "batch", "w1") == "{t10:q:a}:w:w1@batch"
+    )
+    for i in range(3):
+        w1.put("a", _mine(f"m{i}", "w1"))
+    w1.put("a", _item(9))  # the level's stream
+    assert w1.r.xlen(keys.stream("a", None, "w1")) == 3 and w1.r.xlen(keys.stream("a")) == 1
+    got = w2.get("a", timeout=0.05, worker="w2")
+    assert got is not None and got.request_id == "r9"
+    w2.ack(got)
+    assert w2.get("a", timeout=0.05, worker="w2") is None  # w1's items are not w2's
+    mine = w1.get("a", timeout=0.05, worker="w1")
+    assert mine is not None and mine.request_id == "m0" and mine.receipt == f"a|w1#{mine.receipt.split('#')[1]}"
+    w1.ack(mine)
+    assert w1.r.xlen(keys.stream("a", None, "w1")) == 2
+    m1 = w1.get("a", timeout=0.05, worker="w1")
+    w1.nack(m1)  # given back: to the level's stream
+    assert w1.release("a", "w1") == 1  # m2, unread
+    assert w1.r.xlen(keys.stream("a", None, "w1")) == 0 and w1.r.xlen(keys.stream("a")) == 2
+    ids = []
+    while (item := w2.get("a", timeout=0.05, worker="w2")) is not None:
+        ids.append((item.request_id, item.attempt))
+        w2.ack(item)
+    assert sorted(ids) == [("m1", 1), ("m2", 0)]
+    assert w1.pending("a") == 0 and w1.qsize("a") == 0
+
+
+def test_dead_workers_own_stream_is_requeued(redis_any):
+    """A worker that dies with items on its own streams (taken and unread, of several tiers) loses
+    none: the control loop's ``requeue_consumer`` puts them all on the level's streams."""
+    dead = RedisWorkQueue(redis_any.url, namespace="t11", consumer="wd")
+    control = RedisWorkQueue(redis_any.url, namespace="t11", consumer="control")
+    alive = RedisWorkQueue(redis_any.url, namespace="t11", consumer="wa")
+    for i in range(3):
+        control.put("a", _mine(f"s{i}", "wd"))
+    control.put("a", _mine("i0", "wd", "interactive"))
+    taken = [dead.get("a", timeout=0.05, worker="wd") for _ in range(2)]
+    assert [t.request_id for t in taken] == ["i0", "s0"]
+    assert control.requeue_consumer("a", "wd") == 4  # 2 taken (re-queued) + 2 unread (released)
+    control.drop_consumer("a", "wd")
+    for tier in (None, "interactive", "batch"):
+        stream = control.keys.stream("a", tier, "wd")
+        assert control.r.xlen(stream) == 0
+        assert int(control.r.xpending(stream, control.keys.group)["pending"]) == 0
+    ids = []
+    while (item := alive.get("a", timeout=0.05, worker="wa")) is not None:
+        ids.append((item.request_id, item.attempt))
+        alive.ack(item)
+    assert sorted(ids) == [("i0", 1), ("s0", 1), ("s1", 0), ("s2", 0)]
+    assert control.requeue_consumer("a", "wd") == 0  # nothing twice
+
+
+def test_router_enqueue_and_cancel_on_a_workers_stream(redis_any):
+    import asyncio
+
+    from argusdiff.service.transport.redis_streams import AsyncRedisDispatch
+
+    async def go():
+        aio = AsyncRedisDispatch(redis_any.url, namespace="t12")
+        try:
+            entries = await aio.enqueue([_mine("x0", "w1", "interactive"), _mine("x1", "w1"), _mine("x2", "w2")])
+            assert entries[0].startswith("w1#interactive@") and entries[1].startswith("w1#")
+            assert await aio.cancel("a", entries[0]) and not await aio.cancel("a", entries[0])
+        finally:
+            await aio.close()
+
+    asyncio.run(go())
+    q = RedisWorkQueue(redis_any.url, namespace="t12", consumer="w2")
+    assert q.get("a", timeout=0.05, worker="w2").request_id == "x2"
+    assert q.get("a", timeout=0.05, worker="w2") is None
+    w1 = RedisWorkQueue(redis_any.url, namespace="t12", consumer="w1")
+    assert w1.get("a", timeout=0.05, worker="w1").request_id == "x1"

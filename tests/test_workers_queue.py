@@ -113,3 +113,30 @@ def test_importing_workers_records_does_not_import_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_per_worker_queue_in_process():
+    """An item that names a worker (delivery PER_WORKER) waits in that worker's own queue: another
+    worker of the level does not take it; released (the worker left the level) or re-queued (it
+    died), it goes to the level's shared queue, and nothing is lost."""
+    from argusdiff.service.transport.memory import LocalWorkQueue
+    from workers.queue import WORKER_META
+
+    q = LocalWorkQueue()
+    for i in range(3):
+        q.put("a", WorkItem(request_id=f"r{i}", prompt="p", level="a", meta={WORKER_META: "w1"}))
+    q.put("a", WorkItem(request_id="s0", prompt="p", level="a"))
+    assert q.qsize("a") == 4
+    got = q.get("a", timeout=0, worker="w2")  # w2: the shared queue only
+    assert got is not None and got.request_id == "s0"
+    assert q.get("a", timeout=0, worker="w2") is None
+    mine = q.get("a", timeout=0, worker="w1")  # w1: its own queue first
+    assert mine is not None and mine.request_id == "r0"
+    q.nack(mine)  # given back: to the shared queue (w1 is switching or leaving)
+    assert q.release("a", "w1") == 2  # r1, r2: w1 left the level
+    q.put("a", WorkItem(request_id="d0", prompt="p", level="a", meta={WORKER_META: "w3"}))
+    assert q.requeue_consumer("a", "w3") == 1  # w3 died
+    taken = []
+    while (item := q.get("a", timeout=0, worker="w2")) is not None:
+        taken.append(item.request_id)
+    assert taken == ["r0", "r1", "r2", "d0"] and q.qsize("a") == 0

@@ -13,6 +13,11 @@ run it at the planned batch size, publish one result per request, and follow pla
   :meth:`ApproxLevel.shares_worker_with`) that the plan gives no worker of their own — e.g.
   NIRVANA's plan puts every worker at K = 0 and routes each prompt to the K its cache similarity
   allows. The worker takes from its own queue and those in turn, never a model switch.
+* Per-worker delivery (a policy whose source queues each request on one worker, e.g. Proteus):
+  the router puts such an item on this worker's own queue of the level (``meta["worker"]``); the
+  worker takes from its own queue first, then the level's shared one. When it leaves a level (a
+  plan change, or :meth:`Worker.stop`) it releases its own queue of that level to the shared one
+  (``WorkQueue.release``), so nothing waits behind a worker that will not take it.
 * Requests are never dropped for lateness here (admission is the router's job); a result of an
   item with a deadline carries ``timings["late_s"]`` (0 when on time).
 * Failures never lose a request: an executor error becomes an error result for each item of the
@@ -122,7 +127,9 @@ class Worker:
         siblings = plan.unserved_siblings(self.levels, level)
         with self._lock:
             self._thresholds = dict(thresholds)
+            dropped = [lv for lv in self._siblings if lv not in siblings and lv != level]
             self._siblings = siblings
+        self._release(dropped)
         self.plan_version = plan.version
         self.set_level(level, batch)
 
@@ -173,8 +180,10 @@ class Worker:
                     return self._level is not None
                 self._executors = {target: executor}  # one level's executor at a time
                 self.stats.switch_s.append(time.perf_counter() - t0)
-            self._level = target
+            old, self._level = self._level, target
             self.stats.switches += 1
+            if old is not None:
+                self._release([old])
         if self._level is not None:
             with self._lock:
                 t = self._thresholds.get(self._level)
@@ -184,14 +193,29 @@ class Worker:
                 set_threshold(t)
         return self._level is not None
 
+    def _release(self, levels: list[str]) -> None:
+        """This worker's own queues of ``levels`` (it no longer serves them) go to the levels'
+        shared queues (``WorkQueue.release``; a transport without per-worker queues has none)."""
+        release = getattr(self.queue, "release", None)
+        if release is None:
+            return
+        for lv in levels:
+            try:
+                n = release(lv, self.worker_id)
+            except Exception as exc:  # the control loop re-queues them if this worker dies
+                log.warning("worker %s: cannot release its queue of %s: %s", self.worker_id, lv, exc)
+                continue
+            if n:
+                log.info("worker %s: %d item(s) of its own queue of %s released to the level", self.worker_id, n, lv)
+
     # -- data path ---------------------------------------------------------------------------
     def _take_batch(self, level: str, timeout: float | None = None) -> list[WorkItem]:
-        first = self.queue.get(level, timeout=self.poll_s if timeout is None else timeout)
+        first = self.queue.get(level, timeout=self.poll_s if timeout is None else timeout, worker=self.worker_id)
         if first is None:
             return []
         batch = [first]
         while len(batch) < self._batch:
-            nxt = self.queue.get(level, timeout=0)
+            nxt = self.queue.get(level, timeout=0, worker=self.worker_id)
             if nxt is None:
                 break
             batch.append(nxt)
@@ -354,3 +378,5 @@ class Worker:
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
+        if self._level is not None:
+            self._release([self._level, *self._siblings])

@@ -163,17 +163,20 @@ def option_names() -> frozenset[str]:
 def select_worker(workers: Sequence[str], view: RouteView, proc_s: float | Sequence[float] = 1.0) -> str | None:
     """ARGUS §4.4 Worker-Selector: argmin over ``workers`` of queue length × processing time.
 
-    Ties (e.g. several idle workers) go to the worker that frees up first, then the lowest id
-    order given. ``proc_s`` is one time for all (the same level) or one per worker.
+    Ties go to the worker that frees up first (an idle worker frees up now: several idle workers
+    tie, however long each has been idle), then the order given. ``proc_s`` is one time for all
+    (the same level) or one per worker.
     """
     best: str | None = None
     best_key = (math.inf, math.inf)
     ql = view.queue_lengths
     bu = view.busy_until
+    now = view.now_s
     scalar = not isinstance(proc_s, Sequence)
     for i, w in enumerate(workers):
         t = proc_s if scalar else proc_s[i]
-        key = ((ql.get(w, 0) + 1) * t, bu.get(w, 0.0))
+        free = bu.get(w, 0.0)
+        key = ((ql.get(w, 0) + 1) * t, free if free > now else now)
         if key < best_key:
             best_key = key
             best = w

@@ -1,6 +1,7 @@
 """The data path, live: validate → classify (batched) → ``policy.decide`` (route: PASM, level,
 quality floor) → admission (:mod:`argusdiff.admission`, the call the simulator makes too) → enqueue
-on the level's queue; then wait for the results. A refused request leaves nothing counted as load.
+on the level's queue (or, for a policy whose delivery is ``PER_WORKER``, on the queue of the worker
+it picked: ``meta["worker"]``); then wait for the results. A refused request leaves nothing counted as load.
 A cascade deferral comes back from the light worker and goes to ``policy.decide_heavy``
 (:meth:`Router.on_handoff`).
 
@@ -28,6 +29,7 @@ from argusdiff.config import ServiceConfig
 from argusdiff.domain import (
     ApproxLevel,
     Assignment,
+    Delivery,
     Plan,
     Profile,
     Refusal,
@@ -49,6 +51,7 @@ from argusdiff.service.schemas import GenerationSpec, Limits
 from cache.api import EMBEDDING_META_KEY, CacheUnavailable, encode_embedding
 from workers.cancel import CANCELLED
 from workers.messages import WorkItem, WorkResult
+from workers.queue import WORKER_META
 from workers.safety import FILTERED
 
 __all__ = ["Router", "Submission"]
@@ -190,6 +193,12 @@ class Router:
             return spec.slo_s
         factor = float(self.config.tier_slo_factors.get(spec.tier.value, 1.0))
         return self.policy.slo_s * factor
+
+    @property
+    def per_worker(self) -> bool:
+        """Whether the policy's delivery is :attr:`Delivery.PER_WORKER <argusdiff.domain.Delivery>`:
+        each item names the worker ``route`` picked and waits in that worker's queue."""
+        return self.policy.delivery is Delivery.PER_WORKER
 
     def take_period(self) -> PeriodStats:
         """The control period's traffic since the last call, with the latencies measured so far
@@ -463,6 +472,8 @@ class Router:
                 meta[EMBEDDING_META_KEY] = embedding_text  # the AC executor need not embed again
             if spec.min_quality_level is not None:
                 meta["min_quality_level"] = spec.min_quality_level  # a cascade hand-off keeps the floor
+            if self.per_worker and assignment.worker is not None:
+                meta[WORKER_META] = assignment.worker  # Delivery.PER_WORKER: it waits in that worker's queue
             items.append(
                 WorkItem(
                     request_id=rid,
@@ -691,7 +702,10 @@ class Router:
             self.level_load[fl.level] += 1
             self.tier_load[fl.level, fl.rank] += 1
             self.metrics.queue_depth.labels(fl.level).set(self.level_load[fl.level])
-        return replace(item, level=assignment.level, enqueue_s=now), None
+        meta = {k: v for k, v in item.meta.items() if k != WORKER_META}
+        if self.per_worker and assignment.worker is not None:
+            meta[WORKER_META] = assignment.worker
+        return replace(item, level=assignment.level, enqueue_s=now, meta=meta), None
 
     def set_plan(self, plan: Plan, up: frozenset[str]) -> None:
         self.plan = plan

@@ -24,6 +24,7 @@ from typing import Any
 from argusdiff.domain import TIER_PRIORITY, Plan, tier_rank
 from argusdiff.service.transport.protocol import wait_result
 from workers.messages import WorkItem, WorkResult
+from workers.queue import WORKER_META
 
 __all__ = [
     "ENTRY_OVERHEAD",
@@ -83,11 +84,13 @@ class TierQueue:
 
 class InProcessQueue:
     """Thread-safe in-process :class:`~workers.queue.WorkQueue` without a result store (one
-    :class:`TierQueue` per level): what :class:`InProcessWorkQueue` and :class:`LocalWorkQueue` share."""
+    :class:`TierQueue` per level, and one per worker and level for items that name their worker,
+    delivery ``PER_WORKER``): what :class:`InProcessWorkQueue` and :class:`LocalWorkQueue` share."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._queues: dict[str, TierQueue] = {}
+        # a level's shared queue under its id, a worker's own queue of it under (level id, worker id)
+        self._queues: dict[str | tuple[str, str], TierQueue] = {}
         self._pending: dict[str, WorkItem] = {}  # receipt -> item
         self._stopped: set[str] = set()  # request ids cancelled while a worker may run them
         self._seq = 0
@@ -100,15 +103,21 @@ class InProcessQueue:
             item = replace(item, level=level_id)
         if not item.enqueue_s:
             item = replace(item, enqueue_s=time.time())
+        worker = item.meta.get(WORKER_META)
+        key: str | tuple[str, str] = (level_id, worker) if worker else level_id
         with self._cond:
-            self._queues.setdefault(level_id, TierQueue()).append(item.with_receipt(None))
+            self._queues.setdefault(key, TierQueue()).append(item.with_receipt(None))
             self._cond.notify_all()
 
-    def get(self, level_id: str, timeout: float | None = None) -> WorkItem | None:
+    def get(self, level_id: str, timeout: float | None = None, worker: str | None = None) -> WorkItem | None:
+        """The next item of ``worker``'s own queue of the level (when given), else of the level's
+        shared queue, highest-priority tier first in each."""
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
         with self._cond:
             while True:
-                q = self._queues.get(level_id)
+                q = self._queues.get((level_id, worker)) if worker else None
+                if not q:
+                    q = self._queues.get(level_id)
                 if q:
                     item = q.popleft()
                     self._seq += 1
@@ -135,13 +144,35 @@ class InProcessQueue:
             if item.receipt is None or self._pending.pop(item.receipt, None) is None:
                 return
             back = replace(item, attempt=item.attempt + 1, receipt=None)
+            # to the level's shared queue, also from a worker's own: the worker is switching or leaving
             self._queues.setdefault(item.level, TierQueue()).appendleft(back)
             self.requeued += 1
             self._cond.notify_all()
 
     def qsize(self, level_id: str) -> int:
+        """Queued items of the level: its shared queue and every worker's own queue of it."""
         with self._cond:
-            return len(self._queues.get(level_id, ()))
+            return sum(
+                len(q)
+                for key, q in self._queues.items()
+                if key == level_id or (isinstance(key, tuple) and key[0] == level_id)
+            )
+
+    def release(self, level_id: str, worker: str) -> int:
+        """Move the items waiting in ``worker``'s own queue of the level to the level's shared
+        queue (each at the back of its tier, in order); returns how many."""
+        with self._cond:
+            own = self._queues.pop((level_id, worker), None)
+            if not own:
+                return 0
+            dst = self._queues.setdefault(level_id, TierQueue())
+            moved = 0
+            while own:
+                dst.append(own.popleft())
+                moved += 1
+            self.requeued += moved
+            self._cond.notify_all()
+            return moved
 
     def pending(self, level_id: str) -> int:
         with self._cond:
@@ -222,6 +253,8 @@ class LocalWorkQueue(InProcessQueue):
 
     def migrate(self, from_level: str, to_level: str, limit: int = 10_000) -> int:
         with self._cond:
+            for key in [k for k in self._queues if isinstance(k, tuple) and k[0] == from_level]:
+                self.release(from_level, key[1])  # the workers' own queues of it go too
             src = self._queues.get(from_level)
             if not src:
                 return 0
@@ -238,7 +271,9 @@ class LocalWorkQueue(InProcessQueue):
         return {}
 
     def requeue_consumer(self, level_id: str, consumer: str, fence: tuple[str, str] | None = None) -> int:
-        return 0
+        """A dead worker: the items waiting in its own queue of the level go to the shared queue
+        (in one process nothing it took is pending elsewhere)."""
+        return self.release(level_id, consumer)
 
     def drop_consumer(self, level_id: str, consumer: str) -> None:
         return None

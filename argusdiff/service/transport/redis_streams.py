@@ -11,6 +11,14 @@ Layout under a namespace ``ns`` (default ``argusdiff``):
   stored** (XACK + XDEL). A dead worker's pending entries are re-queued by the control loop
   (XPENDING for that consumer → XCLAIM → XADD a copy with ``attempt + 1`` → XACK), and as a last
   resort any worker re-claims entries idle longer than ``claim_idle_s`` with XAUTOCLAIM.
+* ``{ns:q:<level>}:w:<worker>`` (and ``…@interactive``, ``…@batch``) — a worker's own streams of
+  the level, for a policy whose delivery is ``PER_WORKER`` (the item names the worker,
+  ``meta["worker"]``): in the level's slot, so moving an entry between them and the level's
+  streams is one atomic step on a cluster. The worker reads its own streams first, then the
+  level's. An entry leaves them for the level's streams when the worker gives it back (nack), when
+  it leaves the level (``release``) and when it dies (the control loop's ``requeue_consumer``: its
+  pending entries there re-queued, its unread ones released), so accepted work never waits behind
+  a worker that will not take it.
 * ``ns:result:<request id>`` — the result JSON, with expiry (``result_ttl_s``): never an image's
   bytes (the claim check, :mod:`argusdiff.service.images`): the worker writes the image into the
   image store and the result names it (``image_ref``);
@@ -61,6 +69,7 @@ from argusdiff.service.errors import FencedOut, QueueUnavailable
 from argusdiff.service.transport.protocol import summarize, wait_result
 from argusdiff.service.transport.redis_client import async_client, control_prefix, is_cluster_client
 from workers.messages import WorkItem, WorkResult
+from workers.queue import WORKER_META
 
 log = logging.getLogger("argusdiff.redis")
 
@@ -122,13 +131,15 @@ class RedisKeys:
         """The hash tag of ``level_id``'s keys: its streams, enqueue markers and re-queue fence."""
         return "{" + f"{self.name}:q:{level_id}" + "}"
 
-    def stream(self, level_id: str, tier: str | None = None) -> str:
+    def stream(self, level_id: str, tier: str | None = None, worker: str | None = None) -> str:
         """The stream of ``level_id``'s work of ``tier`` (``standard``, no tier or an unknown one:
-        the level's plain stream, so untiered traffic uses one stream per level)."""
+        the level's plain stream, so untiered traffic uses one stream per level); with ``worker``,
+        that worker's own stream of it (delivery ``PER_WORKER``), in the level's slot."""
         name = TIER_PRIORITY[tier_rank(tier)]
+        base = self.level_tag(level_id) if worker is None else f"{self.level_tag(level_id)}:w:{worker}"
         if name == Tier.STANDARD.value:
-            return self.level_tag(level_id)
-        return f"{self.level_tag(level_id)}@{name}"
+            return base
+        return f"{base}@{name}"
 
     def enqueued(self, level_id: str, generation_id: str) -> str:
         """Cluster mode: set when a request's items were queued at ``level_id`` (a retried enqueue
@@ -139,9 +150,15 @@ class RedisKeys:
         """Cluster mode: the highest leader token that re-queued at ``level_id``."""
         return f"{self.level_tag(level_id)}:fence"
 
-    def streams(self, level_id: str) -> tuple[str, ...]:
-        """Every stream of ``level_id``, in pull order (highest-priority tier first)."""
-        return tuple(self.stream(level_id, tier) for tier in TIER_PRIORITY)
+    def streams(self, level_id: str, worker: str | None = None) -> tuple[str, ...]:
+        """Every stream of ``level_id`` (with ``worker``: that worker's own), in pull order
+        (highest-priority tier first)."""
+        return tuple(self.stream(level_id, tier, worker) for tier in TIER_PRIORITY)
+
+    def item_stream(self, item: WorkItem) -> str:
+        """The stream an item is queued on: its level's, of its tier, its worker's own when it
+        names one (``meta["worker"]``)."""
+        return self.stream(item.level, item.tier, item.meta.get(WORKER_META) or None)
 
     def result(self, request_id: str) -> str:
         return f"{self.ns}:result:{request_id}"
@@ -286,7 +303,8 @@ CLOCK_READING_S = 5.0
 
 #: Re-queue entries pending at a dead consumer, fenced: only while KEYS[2] (the leader lease) holds
 #: ARGV[3] ('' : no fence), and only the entries still pending at that consumer (a worker's
-#: XAUTOCLAIM may have taken one meanwhile). KEYS[1]: the stream; ARGV[1] group, ARGV[2] consumer,
+#: XAUTOCLAIM may have taken one meanwhile). KEYS[1]: the stream, KEYS[3] (optional, in its slot) the
+#: stream the copies go to (a worker's own stream's go to the level's); ARGV[1] group, ARGV[2] consumer,
 #: then (entry id, the copy's item JSON, '' for a deleted entry: acked only) pairs. Returns the
 #: number of copies queued, or -1 when the fence refused.
 _REQUEUE = """
@@ -296,7 +314,7 @@ for i = 4, #ARGV, 2 do
   local held = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1, ARGV[2])
   if #held > 0 then
     if ARGV[i + 1] ~= '' then
-      redis.call('XADD', KEYS[1], '*', 'item', ARGV[i + 1])
+      redis.call('XADD', KEYS[3] or KEYS[1], '*', 'item', ARGV[i + 1])
       moved = moved + 1
     end
     redis.call('XACK', KEYS[1], ARGV[1], ARGV[i])
@@ -320,11 +338,37 @@ for i = 4, #ARGV, 2 do
   local held = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1, ARGV[2])
   if #held > 0 then
     if ARGV[i + 1] ~= '' then
-      redis.call('XADD', KEYS[1], '*', 'item', ARGV[i + 1])
+      redis.call('XADD', KEYS[3] or KEYS[1], '*', 'item', ARGV[i + 1])
       moved = moved + 1
     end
     redis.call('XACK', KEYS[1], ARGV[1], ARGV[i])
     redis.call('XDEL', KEYS[1], ARGV[i])
+  end
+end
+return moved
+"""
+
+#: Release a worker's own stream (KEYS[1]) to the level's stream of the same tier (KEYS[2], same
+#: slot): up to ARGV[3] entries no consumer has taken yet are read by the releasing consumer
+#: (ARGV[2], group ARGV[1]), queued on KEYS[2] and deleted from KEYS[1], in one atomic step (an entry
+#: is in exactly one of the two). Returns the number moved.
+_RELEASE = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local res = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', tonumber(ARGV[3]), 'STREAMS', KEYS[1], '>')
+local moved = 0
+if res then
+  for _, entry in ipairs(res[1][2]) do
+    local f = entry[2]
+    if f then
+      for j = 1, #f, 2 do
+        if f[j] == 'item' then
+          redis.call('XADD', KEYS[2], '*', 'item', f[j + 1])
+          moved = moved + 1
+        end
+      end
+    end
+    redis.call('XACK', KEYS[1], ARGV[1], entry[1])
+    redis.call('XDEL', KEYS[1], entry[1])
   end
 end
 return moved
@@ -381,15 +425,21 @@ def decode(value: Any) -> str:
 
 def _entry_ref(item: WorkItem, entry_id: str) -> str:
     """How the router names a queued entry for :meth:`AsyncRedisDispatch.cancel`: the stream entry
-    id, prefixed with ``<tier>@`` when the item is on its tier's own stream."""
+    id, prefixed with ``<tier>@`` when the item is on its tier's own stream, and with
+    ``<worker>#`` when it is on a worker's own stream."""
     tier = TIER_PRIORITY[tier_rank(item.tier)]
-    return entry_id if tier == Tier.STANDARD.value else f"{tier}@{entry_id}"
+    ref = entry_id if tier == Tier.STANDARD.value else f"{tier}@{entry_id}"
+    worker = item.meta.get(WORKER_META)
+    return f"{worker}#{ref}" if worker else ref
 
 
-def _item_from_entry(level_id: str, entry_id: Any, fields: dict) -> WorkItem:
+def _item_from_entry(level_id: str, entry_id: Any, fields: dict, worker: str | None = None) -> WorkItem:
+    """The item of a stream entry; its receipt names the level, and the worker whose own stream
+    held it (``<level>|<worker>#<entry id>``; ``<level>|<entry id>`` on the level's streams)."""
     raw = fields.get(b"item") or fields.get("item")
     data = json.loads(raw)
-    return WorkItem.from_dict(data, receipt=f"{level_id}|{decode(entry_id)}")
+    ref = decode(entry_id) if worker is None else f"{worker}#{decode(entry_id)}"
+    return WorkItem.from_dict(data, receipt=f"{level_id}|{ref}")
 
 
 class RedisWorkQueue:
@@ -425,12 +475,13 @@ class RedisWorkQueue:
         self.cluster = is_cluster_client(self.r)  # a Redis Cluster: every atomic step within one slot
         self._requeue_script = self.r.register_script(_REQUEUE_BY_TOKEN if self.cluster else _REQUEUE)
         self._committed_script = self.r.register_script(_COMMITTED)
+        self._release_script = self.r.register_script(_RELEASE)
         self._taken: dict[str, dict[str, str]] = {}  # request id -> the meta of the item taken
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def _ensure_group(self, level_id: str, tier: str | None = None) -> str:
-        stream = self.keys.stream(level_id, tier)
+    def _ensure_group(self, level_id: str, tier: str | None = None, worker: str | None = None) -> str:
+        stream = self.keys.stream(level_id, tier, worker)
         if stream not in self._groups:
             try:
                 self.r.xgroup_create(stream, self.keys.group, id="0", mkstream=True)
@@ -440,9 +491,9 @@ class RedisWorkQueue:
             self._groups.add(stream)
         return stream
 
-    def _ensure_groups(self, level_id: str) -> tuple[str, ...]:
-        """Every stream of ``level_id`` (pull order), each with the workers' group."""
-        return tuple(self._ensure_group(level_id, tier) for tier in TIER_PRIORITY)
+    def _ensure_groups(self, level_id: str, worker: str | None = None) -> tuple[str, ...]:
+        """Every stream of ``level_id`` (with ``worker``: its own; pull order), each with the workers' group."""
+        return tuple(self._ensure_group(level_id, tier, worker) for tier in TIER_PRIORITY)
 
     def _call(self, fn, *args, **kwargs):
         try:
@@ -469,17 +520,23 @@ class RedisWorkQueue:
         item = claim_inputs(item, self.images)
 
         def _put():
-            stream = self._ensure_group(level_id, item.tier)
+            stream = self._ensure_group(level_id, item.tier, item.meta.get(WORKER_META) or None)
             self.r.xadd(stream, {"item": json.dumps(item.to_dict())})
 
         self._call(_put)
 
-    def get(self, level_id: str, timeout: float | None = None) -> WorkItem | None:
+    def get(self, level_id: str, timeout: float | None = None, worker: str | None = None) -> WorkItem | None:
         """The oldest undelivered item of the level's highest-priority tier that has one (a long
-        idle delivery re-claimed first); else wait up to ``timeout`` for the first to arrive."""
+        idle delivery re-claimed first), from ``worker``'s own streams of the level first (when
+        given), then the level's; else wait up to ``timeout`` for the first to arrive."""
 
         def _get():
             streams = self._ensure_groups(level_id)
+            own: dict[str, str] = {}
+            if worker is not None:
+                mine = self._ensure_groups(level_id, worker)
+                own = dict.fromkeys(mine, worker)
+                streams = (*mine, *streams)
             now = time.monotonic()
             if now - self._last_autoclaim.get(level_id, 0.0) > 1.0:
                 self._last_autoclaim[level_id] = now
@@ -491,19 +548,19 @@ class RedisWorkQueue:
                     claimed = res[1] if len(res) > 1 else []
                     for entry_id, fields in claimed:
                         if fields:
-                            item = _item_from_entry(level_id, entry_id, fields)
+                            item = _item_from_entry(level_id, entry_id, fields, own.get(stream))
                             return replace(item, attempt=item.attempt + 1)
             first = self.r.eval(_READ_FIRST, len(streams), *streams, self.keys.group, self.consumer)
             if first:
-                _stream, entry_id, flat = first
+                stream, entry_id, flat = first
                 fields = {flat[k]: flat[k + 1] for k in range(0, len(flat), 2)}
-                return _item_from_entry(level_id, entry_id, fields)
+                return _item_from_entry(level_id, entry_id, fields, own.get(decode(stream)))
             block = None if timeout is None else max(1, int(timeout * 1000))
             res = self.r.xreadgroup(self.keys.group, self.consumer, dict.fromkeys(streams, ">"), count=1,
                                     block=block or 0)  # fmt: skip
             got = [
-                _item_from_entry(level_id, entry_id, fields)
-                for _stream, entries in res or []
+                _item_from_entry(level_id, entry_id, fields, own.get(decode(stream)))
+                for stream, entries in res or []
                 for entry_id, fields in entries
                 if fields
             ]
@@ -593,10 +650,12 @@ class RedisWorkQueue:
         return replace(result, image_png=None, image_ref=key)
 
     def _receipt(self, item: WorkItem) -> tuple[str, str] | None:
+        """(the stream an item was taken from, its entry id), from its receipt."""
         if not item.receipt or "|" not in item.receipt:
             return None
-        level_id, entry_id = item.receipt.rsplit("|", 1)
-        return self.keys.stream(level_id, item.tier), entry_id
+        level_id, ref = item.receipt.split("|", 1)
+        worker, _, entry_id = ref.rpartition("#")
+        return self.keys.stream(level_id, item.tier, worker or None), entry_id
 
     def ack(self, item: WorkItem) -> None:
         self._taken.pop(item.request_id, None)
@@ -624,10 +683,13 @@ class RedisWorkQueue:
             return
         stream, entry_id = rec
         back = on_wire(replace(item, attempt=attempt, receipt=None))
+        # back on the level's stream of its tier, also from a worker's own (same slot): the worker
+        # gives it back because it is switching or leaving
+        shared = self.keys.stream(item.receipt.split("|", 1)[0], item.tier) if item.receipt else stream
 
         def _nack():
             pipe = self.r.pipeline(transaction=True)
-            pipe.xadd(stream, {"item": json.dumps(back.to_dict())})
+            pipe.xadd(shared, {"item": json.dumps(back.to_dict())})
             pipe.xack(stream, self.keys.group, entry_id)
             pipe.xdel(stream, entry_id)
             pipe.execute()
@@ -753,9 +815,16 @@ class RedisWorkQueue:
             moved = 0
             for stream in self._ensure_groups(level_id):
                 moved += _requeue_stream(stream)
+            # a worker's own streams of the level (delivery PER_WORKER): what it took, to the level's
+            # streams, then what waits there unread
+            if self.r.exists(*self.keys.streams(level_id, consumer)):
+                for tier in TIER_PRIORITY:
+                    own = self._ensure_group(level_id, tier, consumer)
+                    moved += _requeue_stream(own, self.keys.stream(level_id, tier))
+                moved += self._release(level_id, consumer)
             return moved
 
-        def _requeue_stream(stream: str) -> int:
+        def _requeue_stream(stream: str, dest: str | None = None) -> int:
             moved = 0
             seen: set[str] = set()
             while True:
@@ -778,15 +847,33 @@ class RedisWorkQueue:
                     if fence and decode(self.r.get(fence[0]) or b"") != fence[1]:
                         raise FencedOut(f"re-queue of {consumer}'s items refused: the lease is no longer {fence[1]!r}")
                     args[2] = fence[1].rsplit("|", 1)[-1] if fence else ""
-                    res = int(self._requeue_script(keys=[stream, self.keys.fence(level_id)], args=args))
+                    keys = [stream, self.keys.fence(level_id)]
+                    res = int(self._requeue_script(keys=[*keys, dest] if dest else keys, args=args))
                 else:
                     lease = fence[0] if fence else stream
-                    res = int(self._requeue_script(keys=[stream, lease], args=args))
+                    res = int(self._requeue_script(keys=[stream, lease, dest] if dest else [stream, lease], args=args))
                 if res < 0:
                     raise FencedOut(f"re-queue of {consumer}'s items refused: the lease is no longer {fence[1]!r}")
                 moved += res
 
         return self._call(_requeue)
+
+    def _release(self, level_id: str, worker: str, batch: int = 500) -> int:
+        moved = 0
+        for tier in TIER_PRIORITY:
+            own, shared = self.keys.stream(level_id, tier, worker), self.keys.stream(level_id, tier)
+            while True:
+                n = int(self._release_script(keys=[own, shared], args=[self.keys.group, self.consumer, batch]))
+                moved += n
+                if n < batch:
+                    break
+        return moved
+
+    def release(self, level_id: str, worker: str) -> int:
+        """Move the entries waiting unread in ``worker``'s own streams of the level to the level's
+        streams (each to its tier's), atomically per batch (:data:`_RELEASE`): the worker left the
+        level. Entries it already took stay with it (acked, or given back by ``nack``)."""
+        return self._call(self._release, level_id, worker)
 
     def drop_consumer(self, level_id: str, consumer: str) -> None:
         """Forget a dead worker's consumer in ``level_id``'s group (after :meth:`requeue_consumer`),
@@ -881,8 +968,8 @@ class AsyncRedisDispatch:
         #: an enqueue that Redis has not run this long after it was sent never runs (s)
         self.accept_window_s = 0.75 * socket_timeout_s
 
-    async def _ensure_group(self, level_id: str, tier: str | None = None) -> str:
-        stream = self.keys.stream(level_id, tier)
+    async def _ensure_group(self, level_id: str, tier: str | None = None, worker: str | None = None) -> str:
+        stream = self.keys.stream(level_id, tier, worker)
         if stream not in self._groups:
             try:
                 await self.r.xgroup_create(stream, self.keys.group, id="0", mkstream=True)
@@ -938,7 +1025,7 @@ class AsyncRedisDispatch:
                 raise QueueUnavailable(f"image store unavailable: {exc}") from exc
         try:
             for item in items:
-                await self._ensure_group(item.level, item.tier)
+                await self._ensure_group(item.level, item.tier, item.meta.get(WORKER_META) or None)
             limit = 0
             if deadline:
                 clock_ms, read_at = await self.redis_clock_ms()
@@ -957,7 +1044,7 @@ class AsyncRedisDispatch:
                     keys.append(guard.key)
                     args[1] = 2
                     args[4:7] = [guard.reservation, guard.accepted(rid), max(1, int(guard.ttl_s * 1000))]
-            keys.extend(self.keys.stream(item.level, item.tier) for item in items)
+            keys.extend(self.keys.item_stream(item) for item in items)
             args.extend(json.dumps(self._reply_here(item).to_dict()) for item in items)
             reply = await self._enqueue(keys=keys, args=args)
         except ResponseError as exc:
@@ -1006,7 +1093,7 @@ class AsyncRedisDispatch:
 
         async def level_part(level: str, idx: list[int]) -> tuple[str, list[str]]:
             keys = [self.keys.enqueued(level, gid or "-")]
-            keys += [self.keys.stream(items[i].level, items[i].tier) for i in idx]
+            keys += [self.keys.item_stream(items[i]) for i in idx]
             args = [ttl_ms if gid else 0, *(json.dumps(self._reply_here(items[i]).to_dict()) for i in idx)]
             reply = await self._enqueue_level(keys=keys, args=args)
             return decode(reply[0]), [decode(r) for r in reply[1:]]
@@ -1104,9 +1191,11 @@ class AsyncRedisDispatch:
 
     async def cancel(self, level_id: str, entry_id: str) -> bool:
         """Delete a queued item that no worker has taken; False when one has (or it is gone).
-        ``entry_id`` is what :meth:`enqueue` returned (``<tier>@<id>`` off the plain stream)."""
+        ``entry_id`` is what :meth:`enqueue` returned (``<tier>@<id>`` off the plain stream,
+        ``<worker>#…`` on a worker's own stream)."""
+        worker, _, entry_id = entry_id.rpartition("#")
         tier, _, entry_id = entry_id.rpartition("@")
-        stream = self.keys.stream(level_id, tier or None)
+        stream = self.keys.stream(level_id, tier or None, worker or None)
         res = await self._do(self.r.eval(_CANCEL_QUEUED, 1, stream, self.keys.group, entry_id))
         return bool(res)
 
