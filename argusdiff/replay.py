@@ -54,6 +54,7 @@ from traces.synthetic import synthetic_confidence as _cascade_confidence
 __all__ = [
     "DEFAULT_POLICIES",
     "DEFAULT_TRACE",
+    "LOAD_TIME_READINGS",
     "UNIFIED_LABEL",
     "Prepared",
     "ReplayInputs",
@@ -68,6 +69,7 @@ __all__ = [
     "scale_to_peak",
     "unified_label",
     "variant_runs",
+    "with_load_times",
 ]
 
 DEFAULT_TRACE = "bursty:low=40,high=160,period=5m,duration=30m"
@@ -120,6 +122,9 @@ class ReplaySpec:
     load_fraction: float | None = None  # stretch the trace to this share of the primary cluster's capacity
     cascade_baselines: bool = False  # proteus / clipper-ha / clipper-ht on the cascade profile
     max_resident_models: int = 2  # models a simulated worker keeps loaded (the live default)
+    # which load times the profiles' levels take (LOAD_TIME_READINGS): "profile" (their own; for the
+    # A100 profiles ARGUS Table 2's Accelerate column), "pytorch" (Table 2's PyTorch column), "zero"
+    load_times: str = "profile"
     # admission after every policy (argusdiff.admission), as the service applies it: True (the
     # [admission] defaults), False (off: a policy alone, e.g. to reproduce a paper) or a config
     admission: Any = True
@@ -213,8 +218,45 @@ def variant_runs(spec: ReplaySpec) -> list[tuple[str, str, dict[str, Any], str |
     return runs
 
 
+#: the model load times a replay may charge (``ReplaySpec.load_times``, ``replay --load-times``)
+LOAD_TIME_READINGS: dict[str, str] = {
+    "profile": "the profiles' own (A100 profiles: ARGUS Table 2, Accelerate column)",
+    "pytorch": "ARGUS Table 2, PyTorch column (plain from_pretrained)",
+    "zero": "none (every load takes 0 s, as the Proteus artifact's simulator charges)",
+}
+#: ARGUS Table 2 (A100): each model size class's load time with Accelerate -> with plain PyTorch (s).
+#: Every A100 profile's load time is one of these Accelerate values (estimates take a size class's).
+ARGUS_TABLE2_PYTORCH_S: dict[float, float] = {9.42: 45.78, 5.56: 19.90, 4.86: 14.05, 2.91: 11.78}
+
+
+def with_load_times(profile: Profile, reading: str) -> Profile:
+    """``profile`` with its levels' load times under ``reading`` (:data:`LOAD_TIME_READINGS`)."""
+    from dataclasses import replace
+
+    if reading not in LOAD_TIME_READINGS:
+        raise ConfigError(f"--load-times: {reading!r} is not one of {', '.join(LOAD_TIME_READINGS)}")
+    if reading == "profile":
+        return profile
+    levels = []
+    for lv in profile.levels:
+        if reading == "zero":
+            t = 0.0
+        else:
+            t = ARGUS_TABLE2_PYTORCH_S.get(round(lv.load_time_s, 2), float("nan"))
+            if t != t:
+                raise ConfigError(
+                    f"--load-times pytorch: {profile.name}'s level {lv.id} loads in {lv.load_time_s} s, not an "
+                    f"ARGUS Table 2 Accelerate time ({', '.join(map(str, ARGUS_TABLE2_PYTORCH_S))} s)"
+                )
+        levels.append(replace(lv, load_time_s=t))
+    return replace(profile, levels=tuple(levels))
+
+
 def _load_profiles(spec: ReplaySpec) -> dict[str, Profile]:
-    from argusdiff.profile import load_profile
+    from argusdiff.profile import load_profile as _load
+
+    def load_profile(name: str) -> Profile:
+        return with_load_times(_load(name), spec.load_times)
 
     primary = load_profile(spec.profile)
     sm = load_profile(spec.sm_profile)
@@ -491,6 +533,8 @@ def _workload(spec: ReplaySpec, inputs: ReplayInputs, trace: Any, scaling: str, 
         "seed": spec.seed,
         "faults": spec.faults or "",
         "cache_prefill": spec.cache_prefill,
+        "load_times": f"{spec.load_times}: {LOAD_TIME_READINGS[spec.load_times]}",
+        "resident_models": spec.max_resident_models,
         "per_request_slo": req_slo is not None or req_tier is not None,
         "slo_note": slo_note,
         "date_note": "simulated cluster; wall-clock numbers depend on the machine",

@@ -165,6 +165,8 @@ def footer_lines(result) -> list[str]:
         lines.append(f"quality of {k}: {v}")
     prefill = p.get("cache_prefill", 0)
     lines.append(f"cache similarity: {p['cache_similarity']}; cache prefilled with {prefill:.0%} of the prompts")
+    if p.get("load_times"):
+        lines.append(f"model load times: {p['load_times']}; {p.get('resident_models', 2)} resident model(s) per worker")
     if p.get("faults"):
         lines.append(f"faults: {p['faults']}")
     if p.get("slo_note"):

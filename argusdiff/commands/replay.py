@@ -109,6 +109,20 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         help="time-stretch the trace so its peak 1-minute rate is this share of the --profile cluster's maximum",
     )
     parser.add_argument(
+        "--load-times",
+        choices=("profile", "pytorch", "zero"),
+        default="profile",
+        help="model load times: the profiles' own (A100: ARGUS Table 2's Accelerate column), Table 2's PyTorch "
+        "column, or zero (as the Proteus artifact's simulator)",
+    )
+    parser.add_argument(
+        "--resident-models",
+        type=int,
+        default=2,
+        help="models a simulated worker keeps loaded (default 2, the live [workers] max_loaded_models; the Proteus "
+        "artifact hosts 1)",
+    )
+    parser.add_argument(
         "--static-peak",
         type=float,
         default=None,
@@ -179,6 +193,8 @@ def _check(args: argparse.Namespace) -> None:
         raise ConfigError(f"--cache-prefill: must be in [0, 1], got {args.cache_prefill}")
     if args.load_fraction is not None and not 0.0 < args.load_fraction <= 10.0:
         raise ConfigError(f"--load-fraction: must be in (0, 10], got {args.load_fraction}")
+    if args.resident_models < 1:
+        raise ConfigError(f"--resident-models: must be >= 1, got {args.resident_models}")
     if args.static_peak is not None and not args.static_peak > 0:
         raise ConfigError(f"--static-peak: must be a positive QPM, got {args.static_peak}")
     if args.out is not None:
@@ -261,6 +277,8 @@ def run(args: argparse.Namespace) -> int:
         unified_profile=args.unified_profile,
         predictor=args.predictor if args.predictor is not None else load_settings().predictor.demand,
         load_fraction=args.load_fraction,
+        load_times=args.load_times,
+        max_resident_models=args.resident_models,
         static_peak_qpm=args.static_peak,
         cascade_baselines=args.cascade_baselines,
         admission=admission,
