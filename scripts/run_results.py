@@ -323,7 +323,7 @@ LOADING = ("argus+", "proteus", "sommelier")
 def papers_section(sources: dict[str, tuple[str, str, float | None]], common, keep, tmp: Path) -> str:
     """Every policy at the papers' load: each trace stretched so its highest 1-minute rate is
     ``PAPER_LOAD`` x the cluster's SD-XL K = 0 capacity (ARGUS §1 / §5.7), admission off as the papers
-    ran, one product row (argus+ (unified) with admission on); then the load-time and residency
+    ran, one product row (argus+ with admission on); then the load-time and residency
     sensitivity rows on the bursty trace."""
     from argusdiff.profile import load_profile
     from argusdiff.replay import DEFAULT_POLICIES, UNIFIED_LABEL, cluster_capacity_qpm, run_replay
@@ -345,7 +345,7 @@ def papers_section(sources: dict[str, tuple[str, str, float | None]], common, ke
         "the peak puts the Azure shape's and the bursty trace's mean near the K = 0 capacity and the Twitter "
         "trace's well below it. At this load ARGUS §5.2 reports Clipper-HA 25%, Clipper-HT about 5% and NIRVANA "
         "20-50% violations; the main tables' 90% rule gives Clipper-HT 0%. Admission is off (each policy alone, as "
-        "the papers ran them) except the row `argus+ (unified), admission on` (the product's default). Model "
+        "the papers ran them) except the row `argus+, admission on` (the product's default). Model "
         "loads: ARGUS Table 2's Accelerate column, two resident models per worker, as every other table; the "
         "sensitivity table below changes both. Sizes (to keep the section to a few minutes): "
         + "; ".join(f"{k} {d}" for k, (_src, d, _w) in sources.items())
@@ -399,7 +399,7 @@ def papers_section(sources: dict[str, tuple[str, str, float | None]], common, ke
         f"### Load times and resident models ({key} at the papers' load)\n\n"
         "The same trace and settings as the table above, with each policy that loads models under each reading "
         "of the load cost (the AC-only policies and the cascades load none here: 0 model loads above, so their "
-        "rows would not change; argus+ on the AC ladder is listed as that check): ARGUS Table 2's "
+        "rows would not change): ARGUS Table 2's "
         "Accelerate column (9.42 s SD-XL, 5.56 s SD-1.5, 4.86 s Small-SD, 2.91 s Tiny-SD; what every other table "
         "uses) or its PyTorch column (45.78 / 19.90 / 14.05 / 11.78 s; ARGUS §5.1 loads with Accelerate, §5.2 and "
         '§5.7 blame the baselines\' losses on "huge loading overheads"); two models resident per worker (the '
