@@ -47,7 +47,10 @@ def earliest_finish(
     best: str | None = None
     best_t = math.inf
     for w in workers:
-        t = max(now_s, busy_until.get(w, now_s))
+        t = busy_until.get(w, now_s)
+        t = t if t > now_s else now_s  # max(now_s, t), as max picks
         if t < best_t:
             best_t, best = t, w
+            if t == now_s:
+                break  # free now: no later worker frees earlier (ties go to the first)
     return best, best_t + service_s

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import abc
 import math
+from bisect import bisect_right
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
@@ -168,10 +169,25 @@ def select_worker(workers: Sequence[str], view: RouteView, proc_s: float | Seque
     (the same level) or one per worker.
     """
     best: str | None = None
-    best_key = (math.inf, math.inf)
     ql = view.queue_lengths
     bu = view.busy_until
     now = view.now_s
+    if isinstance(proc_s, int | float):
+        # one time for all (the common case, once per request): the key below compared as the
+        # tuple compares it, without building a tuple per worker
+        best_q = best_b = math.inf
+        for w in workers:
+            q = (ql.get(w, 0) + 1) * proc_s
+            if q < best_q:
+                free = bu.get(w, 0.0)
+                best_q, best_b, best = q, (free if free > now else now), w
+            elif q == best_q:
+                free = bu.get(w, 0.0)
+                b = free if free > now else now
+                if b < best_b:
+                    best_b, best = b, w
+        return best
+    best_key = (math.inf, math.inf)
     scalar = not isinstance(proc_s, Sequence)
     for i, w in enumerate(workers):
         t = proc_s if scalar else proc_s[i]
@@ -516,7 +532,7 @@ class PlanRouting:
     per plan and never changed (``route()`` reads only this and the RouteView; ``plan()`` never
     touches it, so the control path may plan in another thread)."""
 
-    __slots__ = ("cum", "index", "levels", "plan", "version", "workers")
+    __slots__ = ("_cum", "cum", "index", "levels", "plan", "version", "workers")
 
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
@@ -531,12 +547,15 @@ class PlanRouting:
         self.cum = tuple(np.cumsum(row) for row in plan.pasm)
         for c in self.cum:
             c.flags.writeable = False
+        # the same sums as Python floats: a draw bisects them (what searchsorted(side="right")
+        # finds on the array) without numpy's per-call overhead
+        self._cum = tuple(c.tolist() for c in self.cum)
 
     def sample(self, row: int, u: float) -> int:
         """Level index drawn from PASM row ``row`` with uniform ``u``, restricted to levels that
         have workers (falls back to the nearest level with a worker)."""
-        cum = self.cum[row]
-        j = int(np.searchsorted(cum, u * cum[-1], side="right")) if cum[-1] > 0 else row
+        cum = self._cum[row]
+        j = bisect_right(cum, u * cum[-1]) if cum[-1] > 0 else row
         j = min(j, len(self.levels) - 1)
         return nearest_served(self.workers, j)
 

@@ -24,6 +24,7 @@ worker is planned or the heavy run would miss the deadline.
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections.abc import Mapping
 from typing import Any
 
@@ -272,8 +273,10 @@ class UnifiedRouting:
         self.lat = [lv.latency(1) * scale.get(lv.id, 1.0) + disc.get(lv.id, 0.0) for lv in lvls]
         self.needs_hit = [lv.strategy is Strategy.AC and lv.skip > 0 for lv in lvls]
         self.k0 = [profile.ac_base(lv.id).latency(1) * scale.get(profile.ac_base(lv.id).id, 1.0) for lv in lvls]
-        self.cum = [np.cumsum(row) for row in plan.pasm]
-        self.tier_cum = {t: [np.cumsum(row) for row in rows] for t, rows in plan.tier_pasm.items()}
+        # cumulative PASM rows as Python floats: a draw bisects them (numpy's cumsum, then
+        # bisect_right finds what searchsorted(side="right") finds, without its per-call overhead)
+        self.cum = [np.cumsum(row).tolist() for row in plan.pasm]
+        self.tier_cum = {t: [np.cumsum(row).tolist() for row in rows] for t, rows in plan.tier_pasm.items()}
         # per class: quality of each plan level (the planner's model); ties go to the faster level
         full = class_quality_model(profile.levels)
         pos = {lv: i for i, lv in enumerate(profile.ids)}
@@ -292,7 +295,7 @@ class UnifiedRouting:
 
     def draw(self, row: int, tier: str | None, u: float) -> int:
         cum = self.tier_cum.get(tier, self.cum)[row] if tier is not None else self.cum[row]
-        j = int(np.searchsorted(cum, u * cum[-1], side="right")) if cum[-1] > 0 else row
+        j = bisect_right(cum, u * cum[-1]) if cum[-1] > 0 else row
         j = min(j, len(self.levels) - 1)
         pool = self.pools(tier)
         if pool[j]:

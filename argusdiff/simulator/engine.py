@@ -1081,24 +1081,35 @@ class Simulator:
         best_key = INF
         up, dqs, free_at, resident = self.up, self.dq, self.free_at, self.resident
         model, sid, load = served.model, served.id, served.load_time_s
+        # no worker starts it before ``t`` (with a load time >= 0): the first that starts it at
+        # ``t`` wins (ties go to the first), so the scan stops there
+        now = t if load >= 0 else -INF
         for w in self.pullers.get(level_id, ()):
             if not up[w]:
                 continue
             dq = dqs[w]
-            if dq and dq[-1].start > t and dq[-1].rank > rank:
-                key = self._slot(w, served, t, bsize, rank)[0]  # it may go ahead of queued work
-            else:  # _slot at the tail of the queue (k == len(dq)), inlined: the common case
-                if bsize > 1 and dq:
-                    prev = dq[-1]
-                    if prev.start > t and prev.level == sid and prev.size < bsize:
-                        if prev.start < best_key:
-                            best_key, best = prev.start, w
-                        continue
-                free = free_at[w] if free_at[w] > t else t
-                ready = resident[w].get(model)
-                key = free + load if ready is None else (ready if ready > free else free)
+            if dq:
+                last = dq[-1]
+                if last.start > t and last.rank > rank:
+                    key = self._slot(w, served, t, bsize, rank)[0]  # it may go ahead of queued work
+                    if key < best_key:
+                        best_key, best = key, w
+                        if key <= now:
+                            break
+                    continue
+                # _slot at the tail of the queue (k == len(dq)), inlined: the common case
+                if bsize > 1 and last.start > t and last.level == sid and last.size < bsize:
+                    if last.start < best_key:
+                        best_key, best = last.start, w
+                    continue
+            f = free_at[w]
+            free = f if f > t else t
+            ready = resident[w].get(model)
+            key = free + load if ready is None else (ready if ready > free else free)
             if key < best_key:
                 best_key, best = key, w
+                if key <= now:
+                    break
         return best
 
     def _pick_up_worker(self, level: ApproxLevel, t: float) -> int | None:
