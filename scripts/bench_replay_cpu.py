@@ -6,7 +6,7 @@ Usage: python scripts/bench_replay_cpu.py [--gpus 24] [--trace SPEC] [--policies
 
 For each run (a row of ``argusdiff replay``: ``argus``, ``argus+ (AC)``, ``argus+``) it prints
 the process CPU seconds of the whole run (simulation, per-minute metrics, summary, drift check:
-``argusdiff.replay._run_policy``) with the product's defaults (admission on, the default prompt
+``argusdiff.replay.runs._run_policy``) with the product's defaults (admission on, the default prompt
 set, predictor and seed); building the workload is shared and timed apart. The last lines give
 each run's ratio to ``argus`` and whether the targets hold (issue 20: <= 12 CPU-s per policy,
 argus+ at most 2x argus). ``--profile`` prints cProfile's top functions of each run instead.
@@ -37,7 +37,8 @@ def main() -> int:
     ap.add_argument("--profile", action="store_true", help="print cProfile's top 25 functions of each run")
     args = ap.parse_args()
 
-    from argusdiff.replay import ReplaySpec, _run_policy, _shared_run_settings, prepare
+    from argusdiff.replay import ReplaySpec, prepare
+    from argusdiff.replay.runs import _run_policy, _shared_run_settings
 
     labels = [p.strip() for p in args.policies.split(",") if p.strip()]
     spec = ReplaySpec(trace=args.trace, gpus=args.gpus, policies=["argus", "argus+"], ac_only=True)
