@@ -348,27 +348,67 @@ def problem_from_profile(
       ``resident``: models held besides the current one.
     * ``tiers``: default one ``standard`` tier with the profile's default SLO and ``headroom``.
     """
-    from solver.allocate import worker_ids
-
-    levels = profile.levels
-    ids = profile.ids
-    C = len(levels)
-    q = [list(map(float, row)) for row in (class_quality or class_quality_model(levels))]
-    if len(q) != C or any(len(row) != C for row in q):
-        raise ConfigError(f"class_quality: expected a {C} x {C} table (classes x levels)")
-    col = {lid: j for j, lid in enumerate(ids)}
-
-    def quality_of(level_id: str) -> tuple[float, ...]:
-        j = col[level_id]
-        return tuple(min(1.0, max(0.0, q[c][j])) for c in range(C))
-
-    batches = dict(batch_sizes or {})
-    unknown = sorted(set(batches) - set(ids))
+    stages = _StageMaker.of(profile, class_quality, batch_sizes)
+    lights = _cascades_by_light(profile, cascades)
+    tables = dict(cascade_tables or {})
+    unknown = sorted(set(tables) - set(lights))
     if unknown:
-        raise ConfigError(f"batch_sizes: unknown level id(s) {', '.join(unknown)}")
+        raise ConfigError(f"cascade_tables: no cascade starts at {', '.join(unknown)}")
+    paths = _paths(profile, stages, lights, tables, hit_rate, cache_latency_s)
+    wids, cur, res = _worker_state(profile, workers, current, resident)
+    tier_specs = tuple(tiers) if tiers else (TierSpec("standard", 1.0, profile.default_slo_s(), 1.0, headroom),)
+    return UnifiedProblem(
+        classes=profile.ids,
+        affinity=_shares(affinity, profile.ids, "affinity"),
+        paths=tuple(paths),
+        pools=_pools(profile.levels),
+        workers=wids,
+        demand_qpm=float(demand_qpm),
+        tiers=tier_specs,
+        current=cur,
+        resident=res,
+        goodput_weight=goodput_weight,
+        levels=profile.ids,
+    )
 
-    def stage(lv: ApproxLevel, extra_s: float = 0.0, extra_service_s: float = 0.0) -> Stage:
-        b = int(batches.get(lv.id, 1))
+
+@dataclass(frozen=True, slots=True)
+class _StageMaker:
+    """The per-class quality table (classes x levels) and the batch sizes of a profile's levels:
+    what a :class:`Stage` of one level is made of (:meth:`stage`)."""
+
+    quality: tuple[tuple[float, ...], ...]
+    column: Mapping[str, int]  # level id -> its column of ``quality``
+    batches: Mapping[str, int]
+
+    @classmethod
+    def of(
+        cls,
+        profile: Profile,
+        class_quality: Sequence[Sequence[float]] | None,
+        batch_sizes: Mapping[str, int] | None,
+    ) -> _StageMaker:
+        levels, ids = profile.levels, profile.ids
+        C = len(levels)
+        q = [list(map(float, row)) for row in (class_quality or class_quality_model(levels))]
+        if len(q) != C or any(len(row) != C for row in q):
+            raise ConfigError(f"class_quality: expected a {C} x {C} table (classes x levels)")
+        batches = dict(batch_sizes or {})
+        unknown = sorted(set(batches) - set(ids))
+        if unknown:
+            raise ConfigError(f"batch_sizes: unknown level id(s) {', '.join(unknown)}")
+        return cls(tuple(tuple(row) for row in q), {lid: j for j, lid in enumerate(ids)}, batches)
+
+    def batch(self, level_id: str) -> int:
+        return int(self.batches.get(level_id, 1))
+
+    def quality_of(self, level_id: str) -> tuple[float, ...]:
+        """Each class's quality at ``level_id``, clipped to [0, 1]."""
+        j = self.column[level_id]
+        return tuple(min(1.0, max(0.0, row[j])) for row in self.quality)
+
+    def stage(self, lv: ApproxLevel, extra_s: float = 0.0, extra_service_s: float = 0.0) -> Stage:
+        b = self.batch(lv.id)
         if b < 1:
             raise ConfigError(f"batch_sizes: {lv.id!r} must be >= 1, got {b}")
         lat = lv.latency(b)
@@ -377,71 +417,92 @@ def problem_from_profile(
             pool=lv.model,
             service_s=lat / b + extra_service_s,
             latency_s=lat + extra_s,
-            quality=quality_of(lv.id),
+            quality=self.quality_of(lv.id),
             batch=b,
         )
 
+
+def _cascades_by_light(profile: Profile, cascades: Sequence[CascadeSpec] | None) -> dict[str, CascadeSpec]:
+    """The cascades of the problem (default: the profile's one ``cascade``) by light level id; each
+    names two levels of the profile, and no two start at the same light level."""
     specs = list(cascades) if cascades is not None else ([profile.cascade] if profile.cascade is not None else [])
+    ids = set(profile.ids)
     lights: dict[str, CascadeSpec] = {}
     for spec in specs:
         for name in (spec.light, spec.heavy):
-            if name not in col:
+            if name not in ids:
                 raise ConfigError(f"cascades: level {name!r} is not in profile {profile.name!r}")
         if spec.light in lights:
             raise ConfigError(f"cascades: two cascades start at light level {spec.light!r}")
         lights[spec.light] = spec
-    tables = dict(cascade_tables or {})
-    unknown = sorted(set(tables) - set(lights))
-    if unknown:
-        raise ConfigError(f"cascade_tables: no cascade starts at {', '.join(unknown)}")
+    return lights
 
-    def hit(level_id: str) -> float:
-        if isinstance(hit_rate, Mapping):
-            return float(hit_rate.get(level_id, 1.0))
-        return float(hit_rate)
 
+def _paths(
+    profile: Profile,
+    stages: _StageMaker,
+    lights: Mapping[str, CascadeSpec],
+    tables: Mapping[str, tuple[Sequence[Sequence[float]], Sequence[Sequence[float]]]],
+    hit_rate: float | Mapping[str, float],
+    cache_latency_s: float,
+) -> list[ServingPath]:
+    """One path per level of ``profile``: the cascade for a light level, an AC path (hit at the
+    level, miss at its K = 0 base) for an AC level with K > 0, a one-stage path otherwise."""
     paths: list[ServingPath] = []
-    for lv in levels:
+    for lv in profile.levels:
         if lv.id in lights:
-            spec = lights[lv.id]
-            heavy = profile.level(spec.heavy)
-            d = spec.discriminator_latency_s
-            light_stage = stage(lv, extra_s=d * int(batches.get(lv.id, 1)), extra_service_s=d)
-            if lv.id in tables:
-                deferral, accepted = tables[lv.id]
-                deferral = tuple(tuple(map(float, r)) for r in deferral)
-                accepted = tuple(tuple(map(float, r)) for r in accepted)
-            else:
-                deferral = (tuple(float(f) for f in spec.deferral),)
-                accepted = _accepted_from_spec(spec, light_stage.quality, quality_of(heavy.id))
-            paths.append(
-                ServingPath(
-                    id=lv.id,
-                    strategy=Strategy.CASCADE,
-                    stage=light_stage,
-                    heavy=stage(heavy),
-                    thresholds=tuple(float(t) for t in spec.thresholds),
-                    deferral=deferral,
-                    accepted=accepted,
-                )
-            )
+            paths.append(_cascade_path(profile, stages, lv, lights[lv.id], tables.get(lv.id)))
         elif lv.strategy is Strategy.AC and lv.skip > 0:
             base = profile.ac_base(lv.id)
-            h = hit(lv.id)
+            h = float(hit_rate.get(lv.id, 1.0)) if isinstance(hit_rate, Mapping) else float(hit_rate)
             if not 0.0 <= h <= 1.0:
                 raise ConfigError(f"hit_rate: {lv.id!r} must be in [0, 1], got {h}")
             paths.append(
                 ServingPath(
                     id=lv.id,
                     strategy=Strategy.AC,
-                    stage=stage(lv, extra_s=cache_latency_s),
+                    stage=stages.stage(lv, extra_s=cache_latency_s),
                     hit_rate=h,
-                    miss=stage(base, extra_s=cache_latency_s) if h < 1.0 else None,
+                    miss=stages.stage(base, extra_s=cache_latency_s) if h < 1.0 else None,
                 )
             )
         else:
-            paths.append(ServingPath(id=lv.id, strategy=lv.strategy, stage=stage(lv)))
+            paths.append(ServingPath(id=lv.id, strategy=lv.strategy, stage=stages.stage(lv)))
+    return paths
 
+
+def _cascade_path(
+    profile: Profile,
+    stages: _StageMaker,
+    lv: ApproxLevel,
+    spec: CascadeSpec,
+    table: tuple[Sequence[Sequence[float]], Sequence[Sequence[float]]] | None,
+) -> ServingPath:
+    """The cascade starting at light level ``lv``: its light stage (the discriminator's time added),
+    its heavy stage, and the deferral and kept-image quality per class and threshold (``table``,
+    else the spec's f(t) and :func:`_accepted_from_spec`)."""
+    heavy = profile.level(spec.heavy)
+    d = spec.discriminator_latency_s
+    light_stage = stages.stage(lv, extra_s=d * stages.batch(lv.id), extra_service_s=d)
+    if table is not None:
+        deferral = tuple(tuple(map(float, r)) for r in table[0])
+        accepted = tuple(tuple(map(float, r)) for r in table[1])
+    else:
+        deferral = (tuple(float(f) for f in spec.deferral),)
+        accepted = _accepted_from_spec(spec, light_stage.quality, stages.quality_of(heavy.id))
+    return ServingPath(
+        id=lv.id,
+        strategy=Strategy.CASCADE,
+        stage=light_stage,
+        heavy=stages.stage(heavy),
+        thresholds=tuple(float(t) for t in spec.thresholds),
+        deferral=deferral,
+        accepted=accepted,
+    )
+
+
+def _pools(levels: Sequence[ApproxLevel]) -> tuple[Pool, ...]:
+    """One pool per model, holding its levels; its load time the longest of theirs."""
     pools: dict[str, Pool] = {}
     for lv in levels:
         p = pools.get(lv.model)
@@ -449,30 +510,29 @@ def problem_from_profile(
             pools[lv.model] = Pool(lv.model, lv.model, float(lv.load_time_s), (lv.id,))
         else:
             pools[lv.model] = Pool(p.id, p.model, max(p.load_time_s, float(lv.load_time_s)), (*p.levels, lv.id))
+    return tuple(pools.values())
+
+
+def _worker_state(
+    profile: Profile,
+    workers: int | Sequence[str],
+    current: Mapping[str, str | None] | None,
+    resident: Mapping[str, Iterable[str]] | None,
+) -> tuple[tuple[str, ...], dict[str, str | None], dict[str, frozenset[str]]]:
+    """The worker ids, each up worker's current model (``current`` gives level ids) and the models
+    it holds besides."""
+    from solver.allocate import worker_ids
 
     wids = tuple(worker_ids(workers))
     up = set(wids)
     cur: dict[str, str | None] = {}
     if current:
-        bad = sorted({v for v in current.values() if v is not None and v not in col})
+        bad = sorted({v for v in current.values() if v is not None and v not in profile.ids})
         if bad:
-            raise ConfigError(f"current: unknown level id(s) {', '.join(bad)}; levels: {', '.join(ids)}")
+            raise ConfigError(f"current: unknown level id(s) {', '.join(bad)}; levels: {', '.join(profile.ids)}")
         cur = {w: (profile.level(v).model if v is not None else None) for w, v in current.items() if w in up}
     res = {w: frozenset(ms) for w, ms in (resident or {}).items() if w in up}
-    tier_specs = tuple(tiers) if tiers else (TierSpec("standard", 1.0, profile.default_slo_s(), 1.0, headroom),)
-    return UnifiedProblem(
-        classes=ids,
-        affinity=_shares(affinity, ids, "affinity"),
-        paths=tuple(paths),
-        pools=tuple(pools.values()),
-        workers=wids,
-        demand_qpm=float(demand_qpm),
-        tiers=tier_specs,
-        current=cur,
-        resident=res,
-        goodput_weight=goodput_weight,
-        levels=ids,
-    )
+    return wids, cur, res
 
 
 def _accepted_from_spec(
