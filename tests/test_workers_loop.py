@@ -255,3 +255,24 @@ def test_threaded_worker_stops_cleanly(demo_ac):
     w.stop()
     assert len(seen) == 2 and all(r.ok for r in seen)
     assert q.pending("xl-k4") == 0
+
+
+def test_worker_takes_its_own_queue_first_and_releases_it_when_it_leaves_the_level(demo_ac):
+    """Delivery PER_WORKER: items naming w0 wait in w0's own queue of the level; w1 at the same
+    level does not take them; when w0 moves to another level its own queue of the old one goes to
+    the level's shared queue, and w1 serves it: nothing is stranded or lost."""
+    from workers.queue import WORKER_META
+
+    _, factory = demo_ac
+    q = InProcessWorkQueue()
+    for i in range(2):
+        q.put("xl-k0", WorkItem(f"m{i}", "a red cube", "xl-k0", seed=i, meta={WORKER_META: "w0"}))
+    w0 = Worker("w0", q, factory, level="xl-k0", poll_s=0.05)
+    w1 = Worker("w1", q, factory, level="xl-k0", poll_s=0.05)
+    assert w1.run_once() == 0  # not w1's
+    assert w0.run_once() == 1 and w0.stats.processed == 1
+    w0.set_level("xl-k2")
+    assert w0.run_once() == 0  # it switched: m1 released to the level's queue
+    assert q.qsize("xl-k0") == 1 and q.requeued == 1
+    assert w1.drain() == 1 and w1.stats.processed == 1
+    assert q.qsize("xl-k0") == 0 and q.pending("xl-k0") == 0 and q.acked == 2

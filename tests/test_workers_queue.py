@@ -140,3 +140,33 @@ def test_per_worker_queue_in_process():
     while (item := q.get("a", timeout=0, worker="w2")) is not None:
         taken.append(item.request_id)
     assert taken == ["r0", "r1", "r2", "d0"] and q.qsize("a") == 0
+
+
+def test_control_loop_releases_queues_of_levels_a_worker_left():
+    """Delivery PER_WORKER: items a router queued on a worker's own queue of a level with the old
+    plan, after the worker had moved, go to the level's shared queue at the next plan."""
+    from types import SimpleNamespace
+
+    from argusdiff.domain import Plan, Strategy
+    from argusdiff.service.control import ControlLoop
+    from argusdiff.service.transport.memory import LocalWorkQueue
+    from workers.queue import WORKER_META
+
+    def plan(assignment):
+        return Plan(
+            version=1, created_s=0.0, strategy=Strategy.SM, levels=("a", "b"), assignment=assignment,
+            share=(0.5, 0.5), pasm=((1, 0), (0, 1)), predicted_qpm=1.0, expected_quality=1.0,
+        )  # fmt: skip
+
+    q = LocalWorkQueue()
+    q.put("a", WorkItem(request_id="late0", prompt="p", level="a", meta={WORKER_META: "w0"}))
+    q.put("b", WorkItem(request_id="stay", prompt="p", level="b", meta={WORKER_META: "w1"}))
+    loop = SimpleNamespace(router=SimpleNamespace(per_worker=True), queue=q, levels={}, migrated=0)
+    ControlLoop._release_strays(loop, plan({"w0": "a", "w1": "b"}), plan({"w0": "b", "w1": "b"}))
+    assert loop.migrated == 1 and q.requeued == 1
+    assert q.get("a", timeout=0, worker="w9").request_id == "late0"  # on the level's shared queue
+    assert q.get("b", timeout=0, worker="w9") is None  # w1 still serves b: its queue stays its own
+    loop.router.per_worker = False
+    q.put("a", WorkItem(request_id="x", prompt="p", level="a", meta={WORKER_META: "w0"}))
+    ControlLoop._release_strays(loop, plan({"w0": "a"}), plan({"w0": "b"}))
+    assert loop.migrated == 1  # a SHARED policy's plan change moves nothing
