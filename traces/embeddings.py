@@ -78,10 +78,11 @@ def default_model_path() -> Path:
 
 
 def _settings_traces():
-    from argusdiff.config import load_settings
+    """``[traces]``, or None when the configuration is invalid (the encoder takes its defaults)."""
+    from traces.settings import traces_settings
 
     try:
-        return load_settings().traces
+        return traces_settings()
     except ConfigError:
         return None
 

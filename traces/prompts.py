@@ -188,9 +188,9 @@ def _read_table(path: Path, text: str, delimiter: str, first_lineno: int) -> Pro
 
 def default_prompt_set() -> str:
     """``[traces] prompts`` (``ARGUSDIFF_TRACES__PROMPTS``), ``diffusiondb`` by default."""
-    from argusdiff.config import load_settings
+    from traces.settings import traces_settings
 
-    return load_settings().traces.prompts
+    return traces_settings().prompts
 
 
 def load_prompts(name_or_path: str | Path | None = None) -> PromptSet:

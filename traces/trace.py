@@ -214,9 +214,9 @@ class Trace:
 
 def default_prompt_order() -> str:
     """``[traces] prompt_order`` (``ARGUSDIFF_TRACES__PROMPT_ORDER``), ``sequential`` by default."""
-    from argusdiff.config import load_settings
+    from traces.settings import traces_settings
 
-    return load_settings().traces.prompt_order
+    return traces_settings().prompt_order
 
 
 def assign_prompts(n: int, n_prompts: int, *, order: str | None = None, seed: int = 0) -> np.ndarray:
