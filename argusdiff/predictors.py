@@ -459,6 +459,27 @@ class AffinityHistogram:
         for lv in level_ids:
             self.add(lv)
 
+    def add_counts(self, counts: Mapping[str, int]) -> None:
+        """Record a period's classified prompts given as counts per optimal level (what
+        ``ClusterStats.affinity`` carries: the order within the period is not kept).
+
+        The prompts are recorded interleaved in proportion to the counts (each level's j-th of c
+        at position (j + 1/2) / c of the period), so the window's oldest entries, when a later
+        period pushes them out, are a proportional slice of their period. Recorded level by
+        level instead, the window would drop one period's first-listed (slowest) levels and keep
+        its fastest ones, and H would over-weight the fastest levels whenever a period holds more
+        than the window's share of prompts (ARGUS's routing then sends too few prompts to the
+        fastest level and too many to the slower ones; docs/baselines.md)."""
+        unknown = [lv for lv, c in counts.items() if c and lv not in self.level_ids]
+        if unknown:
+            raise ConfigError(f"unknown level id {unknown[0]!r}; levels: {', '.join(self.level_ids)}")
+        slots: list[tuple[float, int, str]] = []
+        for k, lv in enumerate(self.level_ids):
+            c = int(counts.get(lv, 0))
+            slots += [((j + 0.5) / c, k, lv) for j in range(c)]
+        for _pos, _k, lv in sorted(slots):
+            self.add(lv)
+
     def counts(self) -> tuple[int, ...]:
         return tuple(self._counts[lv] for lv in self.level_ids)
 

@@ -93,6 +93,23 @@ def test_histogram_window():
     assert h.counts() == (0, 4, 0)
 
 
+def test_histogram_period_counts_keep_their_proportions_when_the_window_drops_some():
+    """A period's counts (ClusterStats.affinity) recorded interleaved: when the next period pushes
+    part of it out of the window, what stays keeps the period's proportions (level by level, the
+    window kept only the period's last-listed levels)."""
+    h = AffinityHistogram(["k0", "k10", "k25"], window=100)
+    h.add_counts({"k0": 200, "k10": 100, "k25": 100})  # 400 prompts into a 100-prompt window
+    assert h.counts() == (50, 25, 25)
+    h.add_counts({"k0": 0, "k10": 0, "k25": 50})  # half of the window replaced
+    assert h.counts() == (25, 12, 63) or h.counts() == (25, 13, 62)
+    assert sum(h.counts()) == 100
+    h2 = AffinityHistogram(["k0", "k10", "k25"], window=1000)
+    h2.add_counts({"k0": 3, "k25": 1})  # under the window: every prompt counted
+    assert h2.counts() == (3, 0, 1)
+    with pytest.raises(ConfigError, match="unknown level id 'z'"):
+        h2.add_counts({"z": 1})
+
+
 def test_histogram_errors_and_config():
     h = AffinityHistogram.from_config(["x", "y"], PredictorConfig(affinity_window=1000))
     assert h.window == 1000

@@ -262,9 +262,7 @@ class Argus(Policy, name="argus", family="ac"):
 
     def shares_for(self, profile: Profile, stats: ClusterStats) -> tuple[float, ...]:
         hist = self.histograms[profile.name]
-        for lv in profile.ids:
-            for _ in range(int(stats.affinity.get(lv, 0))):
-                hist.add(lv)
+        hist.add_counts({lv: int(stats.affinity.get(lv, 0)) for lv in profile.ids})
         return tuple(hist.shares())
 
     def pasm(self, affinity: tuple[float, ...], share: tuple[float, ...]) -> tuple[tuple[float, ...], ...]:
