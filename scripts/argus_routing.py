@@ -31,7 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
 
     from argusdiff.policies.argus import Argus
-    from argusdiff.replay import ReplaySpec, _run_policy, _shared_run_settings, prepare
+    from argusdiff.replay import ReplaySpec, prepare
+    from argusdiff.replay.runs import _run_policy, _shared_run_settings
 
     spec = ReplaySpec(trace=args.trace, gpus=args.gpus, policies=["argus", "pac"], bound=False)
     prep = prepare(spec)
