@@ -448,6 +448,7 @@ class Policy(abc.ABC):
             "policy": self.name,
             "profile": self.profile.name,
             "predictor": self.predictor_spec.describe(),
+            "delivery": self.delivery.value,
         }
         if self.uses_classifier and self.classifier is not None:
             out["classifier"] = getattr(self.classifier, "description", type(self.classifier).__name__)

@@ -128,6 +128,7 @@ def summarize(res: SimResult, minutes: dict[str, np.ndarray] | None = None) -> d
     return {
         "policy": res.policy,
         "profile": res.description.get("profile"),
+        "delivery": res.description.get("delivery"),  # the policy's (argusdiff.domain.Delivery)
         "classifier": res.description.get("classifier", "none"),
         "requests": n,
         "served": int(served.sum()),
