@@ -479,3 +479,31 @@ def test_pooled_ac_plan_is_pulled_alike_by_the_simulator_the_workers_and_admissi
         pulled = {w.worker_id for w in live if w.target_level == lv or lv in w.sibling_levels}
         assert simulated == pulled == set(serving_workers(plan, levels, lv)) == set(ws), lv
         assert set(r.workers[r.index[lv]]) == set(ws)
+
+
+def test_live_view_counts_a_per_worker_policys_queue_by_its_worker():
+    """Delivery PER_WORKER: the live view's queue length of a worker is what waits in its own queue
+    (the images routed to it and not done), not an even share of the level's load."""
+    from argusdiff.service.router import _InFlight
+
+    profile = load_profile("sm-a100")
+    pol = make_policy("proteus", profile, rng=np.random.default_rng(0))
+    from argusdiff.domain import ClusterStats
+
+    settings = Settings.model_validate({"profile": profile.name, "service": {"policy": "proteus", "workers": 0}})
+    router = Router(
+        profile=profile, policy=pol, dispatch=LocalDispatch(), metrics=ServiceMetrics(), config=settings.service
+    )
+    lv = profile.levels[0].id
+    base = pol.plan(ClusterStats(now_s=0.0, period_s=60.0, arrivals=60, workers=("w0", "w1")))
+    plan = dataclasses.replace(base, assignment={"w0": lv, "w1": lv})
+    assert router.per_worker
+    for k in range(3):
+        router.inflight[f"r{k}"] = _InFlight(lv, 0.0, 10.0, 1, "w0")
+        router.worker_load["w0"] += 1
+        router.level_load[lv] += 1
+    view = router.view(0.0, plan, None, 10.0)
+    assert view.queue_lengths == {"w0": 3, "w1": 0}
+    router.on_done("r0", {"level": lv, "ok": True})
+    assert router.view(0.0, plan, None, 10.0).queue_lengths == {"w0": 2, "w1": 0}
+    assert router.worker_load["w0"] == 2 and router.level_load[lv] == 2

@@ -355,9 +355,12 @@ class Worker:
     def drain(self, max_batches: int = 1_000_000) -> int:
         """Run batches until this worker's queue is empty (tests, one-shot jobs)."""
         done = 0
+        idle = 0
         for _ in range(max_batches):
             n = self.run_once()
-            if n == 0 and (self._level is None or self.queue.qsize(self._level) == 0):
+            idle = idle + 1 if n == 0 else 0
+            # what is left may wait in other workers' own queues (delivery PER_WORKER): not ours
+            if n == 0 and (self._level is None or self.queue.qsize(self._level) == 0 or idle >= 3):
                 break
             done += n
         return done

@@ -101,6 +101,7 @@ class _InFlight:
     arrival_s: float
     deadline_s: float
     rank: int = 1  # its tier's pull rank (argusdiff.domain.tier_rank)
+    worker: str | None = None  # the worker whose own queue it waits in (Delivery.PER_WORKER)
 
 
 class Router:
@@ -147,6 +148,9 @@ class Router:
         self.up: frozenset[str] = frozenset()
         self.inflight: dict[str, _InFlight] = {}
         self.level_load: Counter[str] = Counter()
+        # Delivery.PER_WORKER: in-flight images per worker, each in the queue of the worker its
+        # policy picked (the view's queue lengths, as the simulator's per-worker queues)
+        self.worker_load: Counter[str] = Counter()
         # in-flight images per (level, tier pull rank): what a request of a tier waits behind, as
         # workers pull a level's queue highest-priority tier first (admission)
         self.tier_load: Counter[tuple[str, int]] = Counter()
@@ -220,6 +224,7 @@ class Router:
                 per_level.setdefault(lv, []).append(w)
         ql: dict[str, int] = {}
         bu: dict[str, float] = {}
+        own = self.worker_load if self.per_worker else None  # Delivery.PER_WORKER: each worker's own queue
         for lv, ws in per_level.items():
             # the level's queue is pulled by its workers: its load spread evenly over them (with 2
             # in flight on 4 workers, 2 are busy and 2 idle, as the simulator would see them), each
@@ -235,7 +240,7 @@ class Router:
             b = max(1, int(plan.batch_sizes.get(lv, 1)))
             sc = plan.latency_scale.get(lv, 1.0)  # the measured latencies the plan was made with
             for k, w in enumerate(ws):
-                q = each + (1 if k < extra else 0)
+                q = own.get(w, 0) if own is not None else each + (1 if k < extra else 0)
                 ql[w] = q
                 if level is None:
                     bu[w] = now
@@ -522,7 +527,10 @@ class Router:
             raise self._busy(_QUEUE_DOWN, "queue_unavailable") from exc
         added.clear()  # accepted: the load stays until each image is done
         for it in items:
-            self.inflight[it.request_id] = _InFlight(it.level, now, now + slo, rank)
+            worker = it.meta.get(WORKER_META) or None
+            self.inflight[it.request_id] = _InFlight(it.level, now, now + slo, rank, worker)
+            if worker is not None:
+                self.worker_load[worker] += 1
         self._arrived(now, spec.n, spec.tier.value)
         self.accepted += spec.n
         for lv in levels:
@@ -594,6 +602,14 @@ class Router:
             }
         return out
 
+    def _worker_done(self, fl: _InFlight) -> None:
+        if fl.worker is not None:
+            n = self.worker_load[fl.worker] - 1
+            if n > 0:
+                self.worker_load[fl.worker] = n
+            else:
+                del self.worker_load[fl.worker]
+
     def forget_items(self, request_ids: list[str], outcome: str) -> None:
         """Bookkeeping for accepted items that will never finish (taken out of their queue after the
         client went away, or lost by the queue): no longer in flight, counted as ``outcome``."""
@@ -602,6 +618,7 @@ class Router:
             fl = self.inflight.pop(rid, None)
             if fl is None:
                 continue
+            self._worker_done(fl)
             self.level_load[fl.level] = max(0, self.level_load[fl.level] - 1)
             self.tier_load[fl.level, fl.rank] = max(0, self.tier_load[fl.level, fl.rank] - 1)
             self.metrics.queue_depth.labels(fl.level).set(self.level_load[fl.level])
@@ -618,6 +635,7 @@ class Router:
         cancelled = s.get("error_type") == CANCELLED
         filtered = s.get("error_type") == FILTERED
         if fl is not None:
+            self._worker_done(fl)
             self.level_load[fl.level] = max(0, self.level_load[fl.level] - 1)
             self.tier_load[fl.level, fl.rank] = max(0, self.tier_load[fl.level, fl.rank] - 1)
             self.metrics.queue_depth.labels(fl.level).set(self.level_load[fl.level])
@@ -694,17 +712,21 @@ class Router:
             return None, light
         self.handoffs["heavy"] += 1
         self.metrics.cascade_handoffs.labels("heavy").inc()
+        worker = assignment.worker if self.per_worker else None
         if fl is not None:  # the light stage is done: the request now loads the heavy level
             self.level_load[fl.level] = max(0, self.level_load[fl.level] - 1)
             self.tier_load[fl.level, fl.rank] = max(0, self.tier_load[fl.level, fl.rank] - 1)
             self.metrics.queue_depth.labels(fl.level).set(self.level_load[fl.level])
-            fl.level = assignment.level
+            self._worker_done(fl)
+            fl.level, fl.worker = assignment.level, worker
             self.level_load[fl.level] += 1
             self.tier_load[fl.level, fl.rank] += 1
+            if worker is not None:
+                self.worker_load[worker] += 1
             self.metrics.queue_depth.labels(fl.level).set(self.level_load[fl.level])
         meta = {k: v for k, v in item.meta.items() if k != WORKER_META}
-        if self.per_worker and assignment.worker is not None:
-            meta[WORKER_META] = assignment.worker
+        if worker is not None:
+            meta[WORKER_META] = worker
         return replace(item, level=assignment.level, enqueue_s=now, meta=meta), None
 
     def set_plan(self, plan: Plan, up: frozenset[str]) -> None:
