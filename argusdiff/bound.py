@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from argusdiff.domain import ApproxLevel, Profile
+from argusdiff.domain import DEFAULT_TIER_SLO, ApproxLevel, Profile
 from argusdiff.errors import ConfigError
 
 __all__ = [
@@ -79,7 +79,6 @@ RELAXED: tuple[str, ...] = (
     "latency jitter and per-request minimum quality levels: none",
 )
 
-DEFAULT_TIER_SLO = {"interactive": 1.0, "standard": 1.0, "batch": 4.0}  # argusdiff.simulator.engine's
 BINS_PER_SLO = 8  # default bin: the shortest SLO / 8 (a window's slack is at most two bins)
 MAX_CLASSES = 8  # distinct SLO classes kept; more are merged upwards (deadlines rounded up: still valid)
 

@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from argusdiff.domain import DEFAULT_TIER_SLO
 from argusdiff.errors import ConfigError
 from solver import DEFAULT_FORMULATION
 
@@ -248,7 +249,7 @@ class ReplayConfig(_Section):
     cache_prefill: float = Field(0.5, ge=0, le=1, description="share of the prompt set cached before the trace")
     jitter: float = Field(0.0, ge=0, description="sigma of a log-normal multiplier on service times")
     tier_slo_factors: dict[str, float] = Field(
-        default_factory=lambda: {"interactive": 1.0, "standard": 1.0, "batch": 4.0},
+        default_factory=lambda: dict(DEFAULT_TIER_SLO),
         description="SLO multiplier of each request tier on the replay SLO (requests without their own SLO)",
     )
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 __all__ = [
+    "DEFAULT_TIER_SLO",
     "FEATURE_CACHE_METHODS",
     "TIER_PRIORITY",
     "AdapterSpec",
@@ -81,6 +82,10 @@ class Tier(enum.StrEnum):
 #: both work queues of the service (one decision path).
 TIER_PRIORITY: tuple[str, ...] = tuple(t.value for t in Tier)
 _TIER_RANK: dict[str, int] = {name: k for k, name in enumerate(TIER_PRIORITY)}
+#: Each tier's default SLO multiplier on the deployment SLO (a request without its own SLO): batch
+#: work tolerates 4x the delay. The one table the simulator, the replay, the bound, the unified
+#: planner's tier deadlines and ``[replay] tier_slo_factors`` default to.
+DEFAULT_TIER_SLO: dict[str, float] = {Tier.INTERACTIVE.value: 1.0, Tier.STANDARD.value: 1.0, Tier.BATCH.value: 4.0}
 
 
 def tier_rank(tier: str | None) -> int:

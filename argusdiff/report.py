@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from argusdiff.domain import TIER_PRIORITY
+
 __all__ = [
     "COLUMNS",
     "format_table",
@@ -285,8 +287,8 @@ def format_tier_table(result) -> list[str]:
                 tiers.append(t)
     if not result.provenance.get("per_request_slo") or not tiers:
         return []
-    order = {"interactive": 0, "standard": 1, "batch": 2}
-    tiers.sort(key=lambda t: (order.get(t, 3), t))
+    order = {t: k for k, t in enumerate(TIER_PRIORITY)}
+    tiers.sort(key=lambda t: (order.get(t, len(order)), t))
     head = f"{'policy':<19}" + "".join(f"{t[:14]:>16}" for t in tiers)
     lines = ["", "SLO violations per tier (requests; SLO s)", head, "-" * len(head)]
     for label, s in result.summaries.items():

@@ -29,7 +29,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from argusdiff.domain import ApproxLevel, CascadeSpec, Profile, Strategy
+from argusdiff.domain import DEFAULT_TIER_SLO, TIER_PRIORITY, ApproxLevel, CascadeSpec, Profile, Strategy
 from argusdiff.errors import ConfigError
 
 __all__ = [
@@ -106,8 +106,8 @@ class TierSpec:
 
 
 # Deadline multipliers on the deployment SLO per tier: the simulator's defaults
-# (argusdiff.simulator.engine.DEFAULT_TIER_SLO: batch work tolerates 4x the delay).
-DEFAULT_TIER_DEADLINE: dict[str, float] = {"interactive": 1.0, "standard": 1.0, "batch": 4.0}
+# (argusdiff.domain.DEFAULT_TIER_SLO: batch work tolerates 4x the delay).
+DEFAULT_TIER_DEADLINE: dict[str, float] = DEFAULT_TIER_SLO
 
 
 def nitsum_tiers(
@@ -121,9 +121,7 @@ def nitsum_tiers(
     """Tiers for a demand ``mix`` (tier name -> share), ordered interactive, standard, batch (then
     any other name in the order given). Deadlines are ``slo_s`` times :data:`DEFAULT_TIER_DEADLINE`
     (or ``deadline_factor``); weights and headroom default to 1."""
-    order = [t for t in ("interactive", "standard", "batch") if t in mix] + [
-        t for t in mix if t not in ("interactive", "standard", "batch")
-    ]
+    order = [t for t in TIER_PRIORITY if t in mix] + [t for t in mix if t not in TIER_PRIORITY]
     factors = dict(DEFAULT_TIER_DEADLINE, **(deadline_factor or {}))
     out = []
     for t in order:

@@ -17,6 +17,7 @@ import json
 import math
 from collections.abc import Sequence
 
+from argusdiff.domain import TIER_PRIORITY
 from argusdiff.errors import ConfigError
 
 
@@ -284,7 +285,7 @@ def parse_tiers(text: str | None) -> dict[str, float]:
     for part in (p.strip() for p in text.split(",") if p.strip()):
         name, sep, raw = part.partition("=")
         name = name.strip()
-        if not sep or name not in ("interactive", "standard", "batch"):
+        if not sep or name not in TIER_PRIORITY:
             raise ConfigError(f"--tiers: expected tier=share with tier interactive, standard or batch, got {part!r}")
         if name in out:
             raise ConfigError(f"--tiers: tier {name} is given twice")
