@@ -25,6 +25,7 @@ import math
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
+from itertools import islice
 from typing import Any
 
 from argusdiff.errors import ConfigError
@@ -477,8 +478,23 @@ class AffinityHistogram:
         for k, lv in enumerate(self.level_ids):
             c = int(counts.get(lv, 0))
             slots += [((j + 0.5) / c, k, lv) for j in range(c)]
-        for _pos, _k, lv in sorted(slots):
-            self.add(lv)
+        self._add_many([lv for _pos, _k, lv in sorted(slots)])
+
+    def _add_many(self, level_ids: list[str]) -> None:
+        """The state that :meth:`add` of each of ``level_ids`` (known levels) in turn leaves, in one
+        step: the oldest entries that many adds push out leave the counts, the levels take their
+        keys in the order of their first add, and the newest ``window`` enter."""
+        recent, counts, window = self._recent, self._counts, self.window
+        out = len(recent) + len(level_ids) - window
+        if out > 0:
+            for old in islice(recent, min(out, len(recent))):
+                counts[old] -= 1
+        for lv in dict.fromkeys(level_ids):
+            if lv not in counts:
+                counts[lv] = 0
+        kept = level_ids[-window:] if len(level_ids) > window else level_ids
+        recent.extend(kept)
+        counts.update(kept)
 
     def counts(self) -> tuple[int, ...]:
         return tuple(self._counts[lv] for lv in self.level_ids)

@@ -251,3 +251,24 @@ def test_counting_bins_are_whole_fractions_of_the_readings_bin():
     for bin_s, want in ((10.0, 1.0), (60.0, 1.0), (1.0, 1.0), (0.1, 0.1), (2.5, 2.5 / 3), (1.5, 0.75)):
         got = bin_length_s(PredictorSpec(kind="peak", bin_s=bin_s, window_s=6 * bin_s))
         assert abs(got - want) < 1e-12 and got <= 1.0 and abs(bin_s / got - round(bin_s / got)) < 1e-9
+
+
+def test_affinity_add_counts_in_one_step_leaves_the_state_of_the_adds_in_turn():
+    import random
+
+    rng = random.Random(1)
+    ids = ["a", "b", "c"]
+    for _ in range(300):
+        window = rng.randint(1, 12)
+        one, bulk = AffinityHistogram(ids, window), AffinityHistogram(ids, window)
+        for _ in range(rng.randint(1, 6)):
+            counts = {lv: rng.randint(0, 30) for lv in ids if rng.random() < 0.8}
+            slots = sorted(
+                ((j + 0.5) / c, k, lv) for k, lv in enumerate(ids) for c in [counts.get(lv, 0)] for j in range(c)
+            )
+            for _pos, _k, lv in slots:
+                one.add(lv)
+            bulk.add_counts(counts)
+            assert list(bulk._recent) == list(one._recent)
+            assert list(bulk._counts.items()) == list(one._counts.items())
+            assert bulk.shares() == one.shares()

@@ -174,18 +174,24 @@ def select_worker(workers: Sequence[str], view: RouteView, proc_s: float | Seque
     now = view.now_s
     if isinstance(proc_s, int | float):
         # one time for all (the common case, once per request): the key below compared as the
-        # tuple compares it, without building a tuple per worker
+        # tuple compares it, without building a tuple per worker. Queue lengths are counts (>= 0),
+        # so no key is below (proc_s, now): the first idle worker free now ends the scan
+        floor = proc_s if proc_s >= 0 else -math.inf
         best_q = best_b = math.inf
         for w in workers:
             q = (ql.get(w, 0) + 1) * proc_s
             if q < best_q:
                 free = bu.get(w, 0.0)
                 best_q, best_b, best = q, (free if free > now else now), w
+                if q <= floor and free <= now:
+                    break
             elif q == best_q:
                 free = bu.get(w, 0.0)
                 b = free if free > now else now
                 if b < best_b:
                     best_b, best = b, w
+                    if q <= floor and free <= now:
+                        break
         return best
     best_key = (math.inf, math.inf)
     scalar = not isinstance(proc_s, Sequence)

@@ -337,16 +337,21 @@ class Simulator:
         # Request objects carry the tier as the domain enum when it is one, else the name
         self._tier_obj = tuple(Tier(t) if t in Tier._value2member_map_ else t for t in names)
         self._explicit = wl.slo_s is not None or wl.tier is not None or wl.min_quality is not None
+        # the per-request values the data path reads one at a time, as Python numbers (a list
+        # index costs less than a numpy scalar's; the values are the arrays')
+        self._arr_l: list[float] = wl.arrivals_s.tolist()
+        self._slo_l: list[float] = slo.tolist()
+        self._rank_l: list[int] = self.req_rank.tolist()
 
     def _request(self, i: int, p: int) -> Request:
         if not self._explicit:
-            return Request(id=str(i), prompt=self.wl.prompts[p], arrival_s=float(self.wl.arrivals_s[i]), prompt_idx=p)
+            return Request(id=str(i), prompt=self.wl.prompts[p], arrival_s=self._arr_l[i], prompt_idx=p)
         return Request(
             id=str(i),
             prompt=self.wl.prompts[p],
-            arrival_s=float(self.wl.arrivals_s[i]),
+            arrival_s=self._arr_l[i],
             prompt_idx=p,
-            slo_s=float(self.req_slo[i]),
+            slo_s=self._slo_l[i],
             tier=self._tier_obj[self.tier_codes[i]],  # type: ignore[arg-type]
             min_quality_level=self.wl.min_quality[i] if self.wl.min_quality is not None else None,
         )
@@ -379,6 +384,8 @@ class Simulator:
         n = wl.n_requests
         arr = wl.arrivals_s
         pidx = wl.prompt_idx
+        arr_l = self._arr_l
+        pidx_l: list[int] = pidx.tolist()
         G = cfg.gpus
         self.wids = tuple(f"w{k}" for k in range(G))
         self.widx = {w: k for k, w in enumerate(self.wids)}
@@ -469,7 +476,7 @@ class Simulator:
         first_plan = True
 
         while True:
-            ta = arr[i] if i < n else INF
+            ta = arr_l[i] if i < n else INF
             te = heap[0][0] if heap else INF
             if i >= n and not heap:
                 break
@@ -527,7 +534,7 @@ class Simulator:
             self.now = t
             if self._fin and self._fin[0][0] <= t:
                 self._sync(t)
-            p = int(pidx[i])
+            p = pidx_l[i]
             view.now_s = t
             view.optimal_level = cur_ids[cur_opt[p]] if cur_opt is not None else None
             up_cache = self.cache_up(t) if self.cache_down else True
@@ -543,7 +550,7 @@ class Simulator:
                 self.refused[i] = True
                 # a false refusal: queued there and then, it would have finished within its SLO
                 would = self._would_finish(i, p, t, a.level, plan, a.worker)
-                self.false_refused[i] = would <= float(arr[i]) + float(self.req_slo[i]) + 1e-9
+                self.false_refused[i] = would <= arr_l[i] + self._slo_l[i] + 1e-9
             else:
                 self.best_effort[i] = a.best_effort
                 self._serve(i, p, t, a.level, plan, stage=0, worker=a.worker)
@@ -919,7 +926,7 @@ class Simulator:
         if spec is not None:
             extra += spec.discriminator_latency_s
         bsize = plan.batch_sizes.get(served.id, 1) if plan is not None and plan.batch_sizes else 1
-        rank = int(self.req_rank[i])
+        rank = self._rank_l[i]
         w = self._deliver_to(worker)
         if w is None:
             w = self._puller(level_id, served, t, bsize, rank)
@@ -976,7 +983,7 @@ class Simulator:
         if verdict is not None:  # the policy judged the deadline: admission takes its verdict
             return adm.check(
                 level_id, plan=plan, queued=0, workers=0, now_s=t,
-                arrival_s=float(self.wl.arrivals_s[i]), slo_s=float(self.req_slo[i]), verdict=verdict,
+                arrival_s=self._arr_l[i], slo_s=self._slo_l[i], verdict=verdict,
             )  # fmt: skip
         if self._adm_key[0] is not plan or self._adm_key[1] != self._upv:
             self._adm_key = (plan, self._upv)
@@ -984,13 +991,13 @@ class Simulator:
         ws = self._adm_ws.get(level_id)
         if ws is None:
             ws = self._adm_ws[level_id] = adm.workers(plan, level_id, self.view.up)
-        rank = int(self.req_rank[i])
+        rank = self._rank_l[i]
         queued = 0
         if rank >= self.max_rank:
             qd = self.qd
             queued = sum([qd[w] for w in ws])
         else:
-            ranks = self.req_rank
+            ranks = self._rank_l
             widx = self.widx
             for wid in ws:
                 w = widx.get(wid)
@@ -1001,7 +1008,7 @@ class Simulator:
                         queued += sum(1 for m in b.members if ranks[m] <= rank)
         return adm.check(
             level_id, plan=plan, queued=queued, workers=len(ws),
-            now_s=t, arrival_s=float(self.wl.arrivals_s[i]), slo_s=float(self.req_slo[i]), verdict=verdict,
+            now_s=t, arrival_s=self._arr_l[i], slo_s=self._slo_l[i], verdict=verdict,
         )  # fmt: skip
 
     def _defer(self, i: int, t: float, plan: Plan | None, light: str) -> None:
@@ -1156,7 +1163,7 @@ class Simulator:
         # the policy's delivery: the queue of the worker it picked (PER_WORKER), or, as the service's
         # shared per-level queues, the worker of its level that starts it first (FIFO over the
         # level's workers; the policy's worker is then an estimate)
-        rank = int(self.req_rank[i])
+        rank = self._rank_l[i]
         w = self._deliver_to(worker)
         if w is None:
             w = self._puller(level_id, served, t, bsize, rank)
