@@ -311,3 +311,21 @@ def test_router_enqueue_and_cancel_on_a_workers_stream(redis_any):
     assert q.get("a", timeout=0.05, worker="w2") is None
     w1 = RedisWorkQueue(redis_any.url, namespace="t12", consumer="w1")
     assert w1.get("a", timeout=0.05, worker="w1").request_id == "x1"
+
+
+def test_stray_worker_streams_are_swept_and_forgotten(redis_any):
+    """The control loop's sweep: a router registers a worker's own stream (``owners``) before it
+    queues there; the queue of a worker that left is released to the level's stream and, once
+    empty, forgotten; an item queued there again later (a router's old plan) is still released."""
+    q = RedisWorkQueue(redis_any.url, namespace="t13", consumer="control")
+    q.put("a", _mine("g0", "gone", "interactive"))
+    assert q.owners("a") == {"gone"}
+    assert not q.forget_owner("a", "gone")  # not empty
+    assert q.release("a", "gone") == 1 and q.forget_owner("a", "gone")
+    assert q.owners("a") == set() and not q.r.exists(*q.keys.streams("a", "gone"))
+    # a router with an older plan queues there again (its group cache says the stream exists)
+    q.r.sadd(q.keys.owners("a"), "gone")
+    q.r.xadd(q.keys.stream("a", None, "gone"), {"item": json.dumps(_mine("g1", "gone").to_dict())})
+    assert q.owners("a") == {"gone"} and q.release("a", "gone") == 1
+    w = RedisWorkQueue(redis_any.url, namespace="t13", consumer="w")
+    assert sorted(w.get("a", timeout=0.05, worker="w").request_id for _ in range(2)) == ["g0", "g1"]

@@ -143,8 +143,9 @@ def test_per_worker_queue_in_process():
 
 
 def test_control_loop_releases_queues_of_levels_a_worker_left():
-    """Delivery PER_WORKER: items a router queued on a worker's own queue of a level with the old
-    plan, after the worker had moved, go to the level's shared queue at the next plan."""
+    """Delivery PER_WORKER: items a router queued on a worker's own queue of a level with an older
+    plan, after the worker moved or left, go to the level's shared queue at the next plan; the
+    queue of a worker no longer in the plan is forgotten once empty."""
     from types import SimpleNamespace
 
     from argusdiff.domain import Plan, Strategy
@@ -160,13 +161,18 @@ def test_control_loop_releases_queues_of_levels_a_worker_left():
 
     q = LocalWorkQueue()
     q.put("a", WorkItem(request_id="late0", prompt="p", level="a", meta={WORKER_META: "w0"}))
+    q.put("a", WorkItem(request_id="gone0", prompt="p", level="a", meta={WORKER_META: "w9"}))
     q.put("b", WorkItem(request_id="stay", prompt="p", level="b", meta={WORKER_META: "w1"}))
-    loop = SimpleNamespace(router=SimpleNamespace(per_worker=True), queue=q, levels={}, migrated=0)
-    ControlLoop._release_strays(loop, plan({"w0": "a", "w1": "b"}), plan({"w0": "b", "w1": "b"}))
-    assert loop.migrated == 1 and q.requeued == 1
-    assert q.get("a", timeout=0, worker="w9").request_id == "late0"  # on the level's shared queue
-    assert q.get("b", timeout=0, worker="w9") is None  # w1 still serves b: its queue stays its own
+    loop = SimpleNamespace(
+        router=SimpleNamespace(per_worker=True), queue=q, levels={}, migrated=0, level_ids=("a", "b")
+    )
+    ControlLoop._release_strays(loop, plan({"w0": "b", "w1": "b"}))
+    assert loop.migrated == 2 and q.requeued == 2
+    assert q.owners("a") == set() and q.owners("b") == {"w1"}  # released; w1 still serves b
+    got = sorted(q.get("a", timeout=0, worker="w8").request_id for _ in range(2))
+    assert got == ["gone0", "late0"]  # on the level's shared queue
+    assert q.get("b", timeout=0, worker="w8") is None  # w1 still serves b: its queue stays its own
     loop.router.per_worker = False
     q.put("a", WorkItem(request_id="x", prompt="p", level="a", meta={WORKER_META: "w0"}))
-    ControlLoop._release_strays(loop, plan({"w0": "a"}), plan({"w0": "b"}))
-    assert loop.migrated == 1  # a SHARED policy's plan change moves nothing
+    ControlLoop._release_strays(loop, plan({"w0": "b"}))
+    assert loop.migrated == 2  # a SHARED policy's plan moves nothing

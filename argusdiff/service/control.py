@@ -205,37 +205,42 @@ class ControlLoop:
         self._version = max(self._version + 1, plan.version)
         plan = dataclasses.replace(plan, version=self._version)
         self.store.publish_plan(plan)
-        self._release_strays(self.plan, plan)
+        self._release_strays(plan)
         self._migrate_orphans(plan, level_queue)
         self._observe(plan)
         self.plan = plan
         self.ticks += 1
         return plan
 
-    def _release_strays(self, prev: Plan | None, plan: Plan) -> None:
-        """Delivery ``PER_WORKER``: a worker's own queue of a level it served under ``prev`` and no
-        longer serves goes to the level's shared queue. The worker releases it itself when it
-        switches; this catches items a router queued there with the old plan after that."""
-        if prev is None or not self.router.per_worker:
+    def _release_strays(self, plan: Plan) -> None:
+        """Delivery ``PER_WORKER``: every worker's own queue of a level it does not serve under
+        ``plan`` goes to the level's shared queue, and the queues of workers no longer in the plan
+        are forgotten once empty. A worker releases its own queue itself when it switches, and a
+        dead one's is re-queued (:meth:`_requeue_dead`); this catches what routers queued there
+        with an older plan after that (a router registers a worker's queue before it queues there:
+        ``owners``), so no accepted item waits behind a worker that will not take it."""
+        if not self.router.per_worker:
             return
-        release = getattr(self.queue, "release", None)
-        if release is None:
+        owners = getattr(self.queue, "owners", None)
+        if owners is None:
             return
-
-        def serves(p: Plan, w: str) -> set[str]:
-            lv = p.assignment.get(w)
-            return set() if lv is None else {lv, *p.unserved_siblings(self.levels, lv)}
-
-        for w in prev.assignment:
-            for lv in sorted(serves(prev, w) - serves(plan, w)):
-                try:
-                    n = int(release(lv, w) or 0)
-                except Exception as exc:
-                    log.warning("cannot release %s's queue of %s: %s", w, lv, exc)
-                    continue
-                if n:
-                    self.migrated += n
-                    log.info("released %d items of %s's own queue of %s to the level", n, w, lv)
+        serving: dict[str, set[str]] = {}
+        for w, lv in plan.assignment.items():
+            if lv is not None:
+                for x in (lv, *plan.unserved_siblings(self.levels, lv)):
+                    serving.setdefault(x, set()).add(w)
+        for lv in self.level_ids:
+            try:
+                strays = sorted(owners(lv) - serving.get(lv, set()))
+                for w in strays:
+                    n = int(self.queue.release(lv, w) or 0)
+                    if n:
+                        self.migrated += n
+                        log.info("released %d items of %s's own queue of %s to the level", n, w, lv)
+                    if w not in plan.assignment:
+                        self.queue.forget_owner(lv, w)
+            except Exception as exc:
+                log.warning("cannot sweep the workers' own queues of %s: %s", lv, exc)
 
     def _migrate_orphans(self, plan: Plan, level_queue: dict[str, int]) -> None:
         from argusdiff.policies.base import nearest_served

@@ -158,6 +158,20 @@ class InProcessQueue:
                 if key == level_id or (isinstance(key, tuple) and key[0] == level_id)
             )
 
+    def owners(self, level_id: str) -> set[str]:
+        """The workers with their own queue of the level (delivery ``PER_WORKER``)."""
+        with self._cond:
+            return {k[1] for k in self._queues if isinstance(k, tuple) and k[0] == level_id}
+
+    def forget_owner(self, level_id: str, worker: str) -> bool:
+        """Drop ``worker``'s own queue of the level once empty; False: not empty."""
+        with self._cond:
+            q = self._queues.get((level_id, worker))
+            if q:
+                return False
+            self._queues.pop((level_id, worker), None)
+            return True
+
     def release(self, level_id: str, worker: str) -> int:
         """Move the items waiting in ``worker``'s own queue of the level to the level's shared
         queue (each at the back of its tier, in order); returns how many."""

@@ -18,7 +18,10 @@ Layout under a namespace ``ns`` (default ``argusdiff``):
   level's. An entry leaves them for the level's streams when the worker gives it back (nack), when
   it leaves the level (``release``) and when it dies (the control loop's ``requeue_consumer``: its
   pending entries there re-queued, its unread ones released), so accepted work never waits behind
-  a worker that will not take it.
+  a worker that will not take it. ``{ns:q:<level>}:owners`` (a set) names the workers with such
+  streams: a router adds the worker before it queues there, and the control loop's sweep releases
+  the streams of the workers not serving the level (what a router queued with an older plan) and
+  deletes those of workers gone from the plan once empty.
 * ``ns:result:<request id>`` — the result JSON, with expiry (``result_ttl_s``): never an image's
   bytes (the claim check, :mod:`argusdiff.service.images`): the worker writes the image into the
   image store and the result names it (``image_ref``);
@@ -145,6 +148,11 @@ class RedisKeys:
         """Cluster mode: set when a request's items were queued at ``level_id`` (a retried enqueue
         queues them once)."""
         return f"{self.level_tag(level_id)}:enq:{generation_id}"
+
+    def owners(self, level_id: str) -> str:
+        """The workers that have their own streams of ``level_id`` (a set, in the level's slot): a
+        router adds the worker before it queues there, the control loop sweeps them."""
+        return f"{self.level_tag(level_id)}:owners"
 
     def fence(self, level_id: str) -> str:
         """Cluster mode: the highest leader token that re-queued at ``level_id``."""
@@ -354,6 +362,8 @@ return moved
 #: is in exactly one of the two). Returns the number moved.
 _RELEASE = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+-- a stream a router recreated after it was forgotten has no group yet: every entry is unread
+pcall(redis.call, 'XGROUP', 'CREATE', KEYS[1], ARGV[1], '0')
 local res = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', tonumber(ARGV[3]), 'STREAMS', KEYS[1], '>')
 local moved = 0
 if res then
@@ -372,6 +382,21 @@ if res then
   end
 end
 return moved
+"""
+
+#: Forget a worker's own streams of a level (KEYS[1..n-1]) once they are empty and nothing is
+#: pending there, and take it off the level's owners (KEYS[n], ARGV[2] the worker): 1 when done.
+_FORGET_OWNER = """
+for i = 1, #KEYS - 1 do
+  if redis.call('EXISTS', KEYS[i]) == 1 then
+    if redis.call('XLEN', KEYS[i]) > 0 then return 0 end
+    local ok, p = pcall(redis.call, 'XPENDING', KEYS[i], ARGV[1])
+    if ok and tonumber(p[1]) > 0 then return 0 end
+  end
+end
+for i = 1, #KEYS - 1 do redis.call('DEL', KEYS[i]) end
+redis.call('SREM', KEYS[#KEYS], ARGV[2])
+return 1
 """
 
 #: Delete a stream entry only if no consumer has it pending (no worker took it): 1 when deleted.
@@ -476,6 +501,7 @@ class RedisWorkQueue:
         self._requeue_script = self.r.register_script(_REQUEUE_BY_TOKEN if self.cluster else _REQUEUE)
         self._committed_script = self.r.register_script(_COMMITTED)
         self._release_script = self.r.register_script(_RELEASE)
+        self._forget_owner_script = self.r.register_script(_FORGET_OWNER)
         self._taken: dict[str, dict[str, str]] = {}  # request id -> the meta of the item taken
 
     # -- helpers ---------------------------------------------------------------------------
@@ -520,7 +546,10 @@ class RedisWorkQueue:
         item = claim_inputs(item, self.images)
 
         def _put():
-            stream = self._ensure_group(level_id, item.tier, item.meta.get(WORKER_META) or None)
+            worker = item.meta.get(WORKER_META) or None
+            stream = self._ensure_group(level_id, item.tier, worker)
+            if worker is not None:  # known to the control loop's sweep before it is queued there
+                self.r.sadd(self.keys.owners(level_id), worker)
             self.r.xadd(stream, {"item": json.dumps(item.to_dict())})
 
         self._call(_put)
@@ -875,6 +904,19 @@ class RedisWorkQueue:
         level. Entries it already took stay with it (acked, or given back by ``nack``)."""
         return self._call(self._release, level_id, worker)
 
+    def owners(self, level_id: str) -> set[str]:
+        """The workers that have (had) their own streams of the level (delivery ``PER_WORKER``)."""
+        return {decode(w) for w in self._call(self.r.smembers, self.keys.owners(level_id))}
+
+    def forget_owner(self, level_id: str, worker: str) -> bool:
+        """Delete ``worker``'s own streams of the level once empty with nothing pending (a worker
+        that left the cluster; after :meth:`release`), so they do not pile up; False: not empty."""
+        keys = [*self.keys.streams(level_id, worker), self.keys.owners(level_id)]
+        ok = bool(self._call(self._forget_owner_script, keys=keys, args=[self.keys.group, worker]))
+        if ok:
+            self._groups.difference_update(keys)
+        return ok
+
     def drop_consumer(self, level_id: str, consumer: str) -> None:
         """Forget a dead worker's consumer in ``level_id``'s group (after :meth:`requeue_consumer`),
         so the group's consumer list does not grow with every worker that ever ran."""
@@ -1025,7 +1067,10 @@ class AsyncRedisDispatch:
                 raise QueueUnavailable(f"image store unavailable: {exc}") from exc
         try:
             for item in items:
-                await self._ensure_group(item.level, item.tier, item.meta.get(WORKER_META) or None)
+                worker = item.meta.get(WORKER_META) or None
+                await self._ensure_group(item.level, item.tier, worker)
+                if worker is not None:  # known to the control loop's sweep before it is queued there
+                    await self.r.sadd(self.keys.owners(item.level), worker)
             limit = 0
             if deadline:
                 clock_ms, read_at = await self.redis_clock_ms()
