@@ -552,6 +552,81 @@ def _quality_at_most_served(inst: _Instance, served_max: float, time_limit_s: fl
     raise ConfigError("clairvoyant bound: the reward per request served did not reach the most served")
 
 
+def _checked(
+    workload: Any,
+    profile: Profile,
+    gpus: int,
+    slo_s: float | None,
+    tier_slo: Mapping[str, float] | None,
+    levels: Sequence[ApproxLevel] | None,
+    bin_s: float | None,
+) -> tuple[float, tuple[ApproxLevel, ...], np.ndarray, float]:
+    """:func:`clairvoyant_bound`'s inputs checked: the deployment SLO, the levels, each request's
+    SLO and the time bin."""
+    if not isinstance(gpus, int) or gpus < 1:
+        raise ConfigError(f"gpus: must be a whole number >= 1, got {gpus!r}")
+    slo = float(slo_s) if slo_s is not None else profile.default_slo_s()
+    if not (math.isfinite(slo) and slo > 0):
+        raise ConfigError(f"slo: must be a positive number of seconds, got {slo_s!r}")
+    lv = tuple(levels) if levels is not None else tuple(profile.levels)
+    missing = [x.id for x in lv if x.id not in workload.relative]
+    if missing:
+        raise ConfigError(f"profile {profile.name!r}: the workload has no quality for level(s) {', '.join(missing)}")
+    if workload.n_requests == 0:
+        raise ConfigError("trace: no requests to bound")
+    req_slo = request_slos(workload, slo, tier_slo)
+    if bin_s is None:
+        bin_s = float(req_slo.min()) / BINS_PER_SLO
+    if not (math.isfinite(bin_s) and bin_s > 0):
+        raise ConfigError(f"bin: must be a positive number of seconds, got {bin_s!r}")
+    return slo, lv, req_slo, bin_s
+
+
+@dataclass(frozen=True)
+class _MostServed:
+    """The bound's first LP: the most requests served in time (each at its least work)."""
+
+    served: float  # at most the requests that fit some path
+    unservable: float  # requests that fit no path within their SLO
+    form: str  # how the windows were written ("backlog" or "flow")
+    columns: int
+    rows: int
+
+
+def _most_served(inst: _Instance, n: int, time_limit_s: float, windows: str) -> _MostServed:
+    """Every request at its least work: the most of them served in time."""
+    G = len(inst.groups)
+    count_cols: list[list[np.ndarray]] = [[], [], []]  # group, work, upper
+    unservable = 0.0
+    for c in range(len(inst.classes)):
+        wmin = float(np.min(inst.work[c]))
+        sel = inst.t_class == c
+        if not math.isfinite(wmin):
+            unservable += float(inst.t_count[sel].sum())
+            continue
+        per_group = np.zeros(G)
+        np.add.at(per_group, inst.t_group[sel], inst.t_count[sel])
+        gs = np.nonzero(per_group)[0]
+        count_cols[0].append(gs)
+        count_cols[1].append(np.full(len(gs), wmin))
+        count_cols[2].append(per_group[gs])
+    columns = rows = 0
+    if count_cols[0]:
+        cc = _Columns(
+            group=np.concatenate(count_cols[0]),
+            work=np.concatenate(count_cols[1]),
+            obj=np.ones(sum(len(x) for x in count_cols[0])),
+            upper=np.concatenate(count_cols[2]),
+        )
+        lp = _assemble(inst, cc, np.zeros(G), windows)
+        served_max, _x, columns, rows = _solve(lp, time_limit_s)
+        form = lp[-1]
+    else:
+        served_max, form = 0.0, "backlog"
+    served_max = min(served_max, float(n) - unservable)
+    return _MostServed(served_max, unservable, form, columns, rows)
+
+
 def clairvoyant_bound(
     workload: Any,
     profile: Profile,
@@ -573,57 +648,13 @@ def clairvoyant_bound(
     the time bin (default: the shortest SLO / 8). ``windows``: how every window is written
     (``auto``: the backlog recursion for one SLO class, else the flow; ``all``: one row per
     window, for small checks)."""
-    if not isinstance(gpus, int) or gpus < 1:
-        raise ConfigError(f"gpus: must be a whole number >= 1, got {gpus!r}")
-    slo = float(slo_s) if slo_s is not None else profile.default_slo_s()
-    if not (math.isfinite(slo) and slo > 0):
-        raise ConfigError(f"slo: must be a positive number of seconds, got {slo_s!r}")
-    lv = tuple(levels) if levels is not None else tuple(profile.levels)
-    missing = [x.id for x in lv if x.id not in workload.relative]
-    if missing:
-        raise ConfigError(f"profile {profile.name!r}: the workload has no quality for level(s) {', '.join(missing)}")
+    slo, lv, req_slo, bin_s = _checked(workload, profile, gpus, slo_s, tier_slo, levels, bin_s)
     n = workload.n_requests
-    if n == 0:
-        raise ConfigError("trace: no requests to bound")
-    req_slo = request_slos(workload, slo, tier_slo)
-    if bin_s is None:
-        bin_s = float(req_slo.min()) / BINS_PER_SLO
-    if not (math.isfinite(bin_s) and bin_s > 0):
-        raise ConfigError(f"bin: must be a positive number of seconds, got {bin_s!r}")
     t_start = time.perf_counter()
     inst = _instance(workload, lv, gpus, req_slo, faults, float(bin_s))
-    G = len(inst.groups)
-    columns = rows = 0
-
     # 1. the most requests served in time: every request at its least work
-    count_cols: list[list[np.ndarray]] = [[], [], []]  # group, work, upper
-    unservable = 0.0
-    for c in range(len(inst.classes)):
-        wmin = float(np.min(inst.work[c]))
-        sel = inst.t_class == c
-        if not math.isfinite(wmin):
-            unservable += float(inst.t_count[sel].sum())
-            continue
-        per_group = np.zeros(G)
-        np.add.at(per_group, inst.t_group[sel], inst.t_count[sel])
-        gs = np.nonzero(per_group)[0]
-        count_cols[0].append(gs)
-        count_cols[1].append(np.full(len(gs), wmin))
-        count_cols[2].append(per_group[gs])
-    if count_cols[0]:
-        cc = _Columns(
-            group=np.concatenate(count_cols[0]),
-            work=np.concatenate(count_cols[1]),
-            obj=np.ones(sum(len(x) for x in count_cols[0])),
-            upper=np.concatenate(count_cols[2]),
-        )
-        lp = _assemble(inst, cc, np.zeros(G), windows)
-        served_max, _x, c1, r1 = _solve(lp, time_limit_s)
-        form = lp[-1]
-        columns, rows = columns + c1, rows + r1
-    else:
-        served_max, form = 0.0, "backlog"
-    served_max = min(served_max, float(n) - unservable)
+    most = _most_served(inst, n, time_limit_s, windows)
+    served_max, unservable, columns, rows = most.served, most.unservable, most.columns, most.rows
     min_violation = max(0.0, 1.0 - served_max / n)
 
     # 2. the most served quality (late or dropped requests score 0)
@@ -663,7 +694,7 @@ def clairvoyant_bound(
         quality=quality,
         served_quality=served_q / n,
         bin_s=float(bin_s),
-        windows=form,
+        windows=most.form,
         columns=columns,
         rows=rows,
         solve_s=time.perf_counter() - t_start,
