@@ -359,106 +359,132 @@ def _assemble(inst: _Instance, cols: _Columns, base: np.ndarray, windows: str = 
     from scipy import sparse
 
     nc = len(cols.obj)
-    G = len(inst.groups)
-    cap = inst.cap
-    prefix = np.concatenate([[0.0], np.cumsum(cap)])
-    rows_r: list[np.ndarray] = []
-    rows_c: list[np.ndarray] = []
-    rows_v: list[np.ndarray] = []
-    row_lo: list[np.ndarray] = []
-    row_hi: list[np.ndarray] = []
-    col_lo = [np.zeros(nc)]
-    col_hi = [cols.upper]
-    obj = [cols.obj]
+    parts = _LPParts(col_lo=[np.zeros(nc)], col_hi=[cols.upper], obj=[cols.obj])
     if windows == "auto":
         windows = "backlog" if len(inst.classes) == 1 else "flow"
-    if windows == "all":
-        form = "all"
-        gbin = inst.groups[:, 1]
-        gdue = gbin + inst.classes[inst.groups[:, 0]]
-        starts, dues = np.unique(gbin), np.unique(gdue)
-        pairs = [(i, k) for i in starts for k in dues if k > i and np.any((gbin >= i) & (gdue <= k))]
-        col_group = cols.group
-        for r, (i, k) in enumerate(pairs):
-            inside = (gbin >= i) & (gdue <= k)
-            m = np.nonzero(inside[col_group])[0]
-            rows_r.append(np.full(len(m), r))
-            rows_c.append(m)
-            rows_v.append(cols.work[m])
-            row_lo.append(np.array([-np.inf]))
-            row_hi.append(np.array([prefix[min(k, len(cap))] - prefix[i] - float(base[inside].sum())]))
-        n_rows = len(pairs)
-        n_cols = nc
-    elif windows == "backlog":
-        if len(inst.classes) != 1:
-            raise ConfigError("windows: the backlog form needs one SLO class")
-        form = "backlog"
-        delta = int(inst.classes[0])
-        last = int(inst.groups[:, 1].max())
-        J = last + 1
-        # group g -> its bin j (one class: groups are bins with arrivals)
-        gbin = inst.groups[:, 1]
-        u_base = np.zeros(J)
-        np.add.at(u_base, gbin, base)
-        # request columns: -work in the row of their bin
-        rows_r.append(gbin[cols.group])
-        rows_c.append(np.arange(nc))
-        rows_v.append(-cols.work)
-        # backlog columns nc .. nc+J-1
-        j = np.arange(J)
-        rows_r += [j, j[1:]]
-        rows_c += [nc + j, nc + j[:-1]]
-        rows_v += [np.ones(J), -np.ones(J - 1)]
-        row_lo.append(u_base - cap[:J])
-        row_hi.append(np.full(J, np.inf))
-        col_lo.append(np.zeros(J))
-        col_hi.append(prefix[np.minimum(j + delta, len(cap))] - prefix[j + 1])
-        obj.append(np.zeros(J))
-        n_rows = J
-        n_cols = nc + J
-    elif windows == "flow":
-        form = "flow"
-        gcls, gbin = inst.groups[:, 0], inst.groups[:, 1]
-        span = inst.classes[gcls]
-        # flow columns: for each group, one per bin in [bin, bin + span)
-        fg = np.repeat(np.arange(G), span)
-        ft = np.concatenate([np.arange(b, b + s) for b, s in zip(gbin, span, strict=True)]) if G else np.zeros(0, int)
-        nf = len(fg)
-        rows_r.append(cols.group)
-        rows_c.append(np.arange(nc))
-        rows_v.append(-cols.work)
-        rows_r.append(fg)
-        rows_c.append(nc + np.arange(nf))
-        rows_v.append(np.ones(nf))
-        row_lo.append(base.astype(np.float64))
-        row_hi.append(np.full(G, np.inf))
-        used_bins = np.unique(ft)
-        bin_row = np.full(len(cap), -1, dtype=np.int64)
-        bin_row[used_bins] = G + np.arange(len(used_bins))
-        rows_r.append(bin_row[ft])
-        rows_c.append(nc + np.arange(nf))
-        rows_v.append(np.ones(nf))
-        row_lo.append(np.full(len(used_bins), -np.inf))
-        row_hi.append(cap[used_bins])
-        col_lo.append(np.zeros(nf))
-        col_hi.append(np.full(nf, np.inf))
-        obj.append(np.zeros(nf))
-        n_rows = G + len(used_bins)
-        n_cols = nc + nf
-    else:
+    writer = _WINDOW_FORMS.get(windows)
+    if writer is None:
         raise ConfigError(f"windows: expected auto, backlog, flow or all, got {windows!r}")
+    n_rows, n_cols = writer(inst, cols, base, parts)
     A = sparse.csc_matrix(
-        (np.concatenate(rows_v), (np.concatenate(rows_r), np.concatenate(rows_c))), shape=(n_rows, n_cols)
+        (np.concatenate(parts.rows_v), (np.concatenate(parts.rows_r), np.concatenate(parts.rows_c))),
+        shape=(n_rows, n_cols),
     )
     return (
-        np.concatenate(obj),
+        np.concatenate(parts.obj),
         A,
-        np.concatenate(row_lo),
-        np.concatenate(row_hi),
-        np.concatenate(col_lo),
-        np.concatenate(col_hi),
-        form,
+        np.concatenate(parts.row_lo),
+        np.concatenate(parts.row_hi),
+        np.concatenate(parts.col_lo),
+        np.concatenate(parts.col_hi),
+        windows,
     )
+
+
+@dataclass
+class _LPParts:
+    """The LP's pieces as a window form adds them: A's entries (row, column, value), the row
+    bounds, and the bounds and objective of the columns after the request columns."""
+
+    col_lo: list[np.ndarray]
+    col_hi: list[np.ndarray]
+    obj: list[np.ndarray]
+    rows_r: list[np.ndarray] = field(default_factory=list)
+    rows_c: list[np.ndarray] = field(default_factory=list)
+    rows_v: list[np.ndarray] = field(default_factory=list)
+    row_lo: list[np.ndarray] = field(default_factory=list)
+    row_hi: list[np.ndarray] = field(default_factory=list)
+
+
+def _all_windows(inst: _Instance, cols: _Columns, base: np.ndarray, parts: _LPParts) -> tuple[int, int]:
+    """One row per window (arrival bin i, deadline bin k) that holds a group: its work within the
+    capacity of bins i .. k-1. Returns the LP's rows and columns."""
+    cap = inst.cap
+    prefix = np.concatenate([[0.0], np.cumsum(cap)])
+    gbin = inst.groups[:, 1]
+    gdue = gbin + inst.classes[inst.groups[:, 0]]
+    starts, dues = np.unique(gbin), np.unique(gdue)
+    pairs = [(i, k) for i in starts for k in dues if k > i and np.any((gbin >= i) & (gdue <= k))]
+    col_group = cols.group
+    for r, (i, k) in enumerate(pairs):
+        inside = (gbin >= i) & (gdue <= k)
+        m = np.nonzero(inside[col_group])[0]
+        parts.rows_r.append(np.full(len(m), r))
+        parts.rows_c.append(m)
+        parts.rows_v.append(cols.work[m])
+        parts.row_lo.append(np.array([-np.inf]))
+        parts.row_hi.append(np.array([prefix[min(k, len(cap))] - prefix[i] - float(base[inside].sum())]))
+    return len(pairs), len(cols.obj)
+
+
+def _backlog_windows(inst: _Instance, cols: _Columns, base: np.ndarray, parts: _LPParts) -> tuple[int, int]:
+    """One SLO class: a backlog column per arrival bin, carried at most until its deadline.
+    Returns the LP's rows and columns."""
+    if len(inst.classes) != 1:
+        raise ConfigError("windows: the backlog form needs one SLO class")
+    nc = len(cols.obj)
+    cap = inst.cap
+    prefix = np.concatenate([[0.0], np.cumsum(cap)])
+    delta = int(inst.classes[0])
+    last = int(inst.groups[:, 1].max())
+    J = last + 1
+    # group g -> its bin j (one class: groups are bins with arrivals)
+    gbin = inst.groups[:, 1]
+    u_base = np.zeros(J)
+    np.add.at(u_base, gbin, base)
+    # request columns: -work in the row of their bin
+    parts.rows_r.append(gbin[cols.group])
+    parts.rows_c.append(np.arange(nc))
+    parts.rows_v.append(-cols.work)
+    # backlog columns nc .. nc+J-1
+    j = np.arange(J)
+    parts.rows_r += [j, j[1:]]
+    parts.rows_c += [nc + j, nc + j[:-1]]
+    parts.rows_v += [np.ones(J), -np.ones(J - 1)]
+    parts.row_lo.append(u_base - cap[:J])
+    parts.row_hi.append(np.full(J, np.inf))
+    parts.col_lo.append(np.zeros(J))
+    parts.col_hi.append(prefix[np.minimum(j + delta, len(cap))] - prefix[j + 1])
+    parts.obj.append(np.zeros(J))
+    return J, nc + J
+
+
+def _flow_windows(inst: _Instance, cols: _Columns, base: np.ndarray, parts: _LPParts) -> tuple[int, int]:
+    """Several SLO classes: each group's work flows into the bins before its deadline, each bin
+    within its capacity. Returns the LP's rows and columns."""
+    nc = len(cols.obj)
+    cap = inst.cap
+    G = len(inst.groups)
+    gcls, gbin = inst.groups[:, 0], inst.groups[:, 1]
+    span = inst.classes[gcls]
+    # flow columns: for each group, one per bin in [bin, bin + span)
+    fg = np.repeat(np.arange(G), span)
+    ft = np.concatenate([np.arange(b, b + s) for b, s in zip(gbin, span, strict=True)]) if G else np.zeros(0, int)
+    nf = len(fg)
+    parts.rows_r.append(cols.group)
+    parts.rows_c.append(np.arange(nc))
+    parts.rows_v.append(-cols.work)
+    parts.rows_r.append(fg)
+    parts.rows_c.append(nc + np.arange(nf))
+    parts.rows_v.append(np.ones(nf))
+    parts.row_lo.append(base.astype(np.float64))
+    parts.row_hi.append(np.full(G, np.inf))
+    used_bins = np.unique(ft)
+    bin_row = np.full(len(cap), -1, dtype=np.int64)
+    bin_row[used_bins] = G + np.arange(len(used_bins))
+    parts.rows_r.append(bin_row[ft])
+    parts.rows_c.append(nc + np.arange(nf))
+    parts.rows_v.append(np.ones(nf))
+    parts.row_lo.append(np.full(len(used_bins), -np.inf))
+    parts.row_hi.append(cap[used_bins])
+    parts.col_lo.append(np.zeros(nf))
+    parts.col_hi.append(np.full(nf, np.inf))
+    parts.obj.append(np.zeros(nf))
+    return G + len(used_bins), nc + nf
+
+
+#: how :func:`_assemble` writes the windows, by name
+_WINDOW_FORMS = {"all": _all_windows, "backlog": _backlog_windows, "flow": _flow_windows}
 
 
 def _solve(lp: tuple, time_limit_s: float) -> tuple[float, np.ndarray, int, int]:
