@@ -21,6 +21,16 @@ def _policies(text: str) -> list[str]:
 
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
+    _workload_arguments(parser)
+    _cluster_arguments(parser)
+    _mechanism_arguments(parser)
+    _run_arguments(parser)
+    _output_arguments(parser)
+    parser.set_defaults(run=run)
+
+
+def _workload_arguments(parser: argparse.ArgumentParser) -> None:
+    """The workload: the trace, its prompts and their quality source."""
     from argusdiff.replay import DEFAULT_TRACE
 
     parser.add_argument(
@@ -45,6 +55,10 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         help="quality source: synthetic, diffserve (real discriminator confidences for the cascade) "
         "or a QualityTable CSV",
     )
+
+
+def _cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    """The policies and the simulated cluster: workers, profiles, seed, period, SLO, faults."""
     parser.add_argument(
         "--policies",
         type=_policies,
@@ -79,6 +93,10 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
             "(half the GPUs off 40 min twice)"
         ),
     )
+
+
+def _mechanism_arguments(parser: argparse.ArgumentParser) -> None:
+    """The simulated mechanisms: classifier, jitter, cache, demand predictor, load and model loads."""
     parser.add_argument(
         "--classifier",
         default=None,
@@ -128,6 +146,11 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         default=None,
         help="anticipated peak (QPM) diffserve-static is provisioned for (default: the trace's highest 1-minute rate)",
     )
+
+
+def _run_arguments(parser: argparse.ArgumentParser) -> None:
+    """Which runs beside each policy's own: baselines on the cascade, ablations, argus+'s profiles,
+    admission, the bound."""
     parser.add_argument(
         "--cascade-baselines",
         action="store_true",
@@ -169,11 +192,14 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         action="store_true",
         help="leave out the clairvoyant bound's rows and each policy's gap to it (docs/bound.md)",
     )
+
+
+def _output_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where and how the comparison is written."""
     parser.add_argument("--out", default=None, help="output folder: metrics.csv, summary.json, PNG plots, report.html")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots (report.html without figures)")
     parser.add_argument("--json", action="store_true", help="print summary.json to stdout instead of the table")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    parser.set_defaults(run=run)
 
 
 def _check(args: argparse.Namespace) -> None:
