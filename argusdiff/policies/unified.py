@@ -89,7 +89,9 @@ def tier_mix(previous: Mapping[str, float], arrivals: Mapping[str, int]) -> dict
     new = {t: c / total for t, c in arrivals.items() if c > 0}
     if not previous:
         return new
-    out = {t: TIER_DECAY * previous.get(t, 0.0) + (1 - TIER_DECAY) * new.get(t, 0.0) for t in {*previous, *new}}
+    # tiers in sorted order: a set's order of strings follows PYTHONHASHSEED, and the sum below (the
+    # shares the planner reads) would change in its last bit with it
+    out = {t: TIER_DECAY * previous.get(t, 0.0) + (1 - TIER_DECAY) * new.get(t, 0.0) for t in sorted({*previous, *new})}
     s = sum(out.values())
     return {t: v / s for t, v in out.items() if v > 1e-6}
 
@@ -266,7 +268,7 @@ class UnifiedRouting:
         # per tier: the workers its requests may use (not those reserved for another tier)
         self.reserved = dict(plan.reserved)
         self.tier_pool: dict[str, list[list[str]]] = {}
-        for t in {*plan.reserved.values(), *plan.tier_pasm}:
+        for t in sorted({*plan.reserved.values(), *plan.tier_pasm}):
             self.tier_pool[t] = [[w for w in ws if plan.reserved.get(w, t) == t] for ws in self.pool]
         disc = {c.light: c.discriminator_latency_s for c in profile.cascade_specs}
         scale = plan.latency_scale  # the measured latencies the plan was made with (argusdiff.latency)

@@ -753,7 +753,7 @@ class Simulator:
         if self.gpu_memory is None:
             return True
         mem = self.model_memory
-        used = sum(mem.get(m, 0.0) for m in keep)
+        used = sum(mem.get(m, 0.0) for m in sorted(keep))  # sorted: a set's order follows the hash seed
         return used + mem.get(model, 0.0) <= self.gpu_memory + 1e-9
 
     def _in_use(self, w: int, t: float) -> set[str]:
