@@ -338,6 +338,81 @@ def test_redis_cascade_handoff_is_decided_once_by_the_policy(redis_any, tmp_path
     asyncio.run(main())
 
 
+def test_a_claimed_handoff_whose_requeue_fails_is_carried_out_when_redis_answers(redis_server, tmp_path):
+    """The router that claimed a cascade hand-off could not re-queue it (Redis failed between the
+    claim and the enqueue): the hand-off stays pending and is carried out, once, when Redis answers
+    again, and the client's wait ends with the heavy result. Before, the claim stayed set, nobody
+    could take it, and the request was lost."""
+    from argusdiff.domain import ClusterStats
+    from argusdiff.service.dispatch import RedisDispatch
+    from argusdiff.service.errors import QueueUnavailable
+    from argusdiff.service.images import LocalImageStore
+    from argusdiff.service.transport.redis_streams import RedisWorkQueue
+    from workers.messages import WorkResult
+
+    profile = load_profile("cascade-sdturbo-sdv15")
+    light, heavy = profile.cascade.light, profile.cascade.heavy
+    ns = "handoff-retry"
+    settings = Settings.model_validate({"profile": profile.name, "service": {"policy": "diffserve", "workers": 0}})
+    stats = ClusterStats(now_s=0.0, period_s=60.0, arrivals=200, workers=("w0", "w1", "w2"))
+    images = LocalImageStore(tmp_path / "images")
+
+    async def main():
+        dispatch = RedisDispatch(redis_server.url, namespace=ns, images=images)
+        await dispatch.start()
+        pol = make_policy("diffserve", profile, rng=np.random.default_rng(0), config={"backend": "highs"})
+        router = Router(
+            profile=profile, policy=pol, dispatch=dispatch, metrics=ServiceMetrics(), config=settings.service
+        )
+        plan = pol.plan(stats)
+        router.set_plan(plan, frozenset(plan.assignment))
+        worker = RedisWorkQueue(redis_server.url, namespace=ns, consumer="w0", images=images)
+        real_enqueue = dispatch.aio.enqueue
+        failed = []
+
+        async def enqueue_failing_once(items, *args, deadline=True, **kw):
+            if not deadline and not failed:  # the hand-off's re-queue, the first time
+                failed.append(items[0].request_id)
+                raise QueueUnavailable("redis unavailable: injected")
+            return await real_enqueue(items, *args, deadline=deadline, **kw)
+
+        dispatch.aio.enqueue = enqueue_failing_once
+        try:
+            sub = await router.submit(GenerationSpec(prompt="a red kite", response_format="b64_json", slo_s=100.0))
+            waiting = asyncio.ensure_future(router.wait(sub, 30))
+
+            def light_worker_defers() -> None:
+                item = worker.get(light, timeout=5)
+                assert item is not None and item.level == light
+                worker.result(
+                    item.request_id,
+                    WorkResult(
+                        request_id=item.request_id,
+                        level=light,
+                        image_png=b"light",
+                        confidence=0.01,
+                        handoff=handoff_item(item, heavy, 0.01),
+                    ),
+                )
+                worker.ack(item)
+
+            await asyncio.to_thread(light_worker_defers)
+            item = await asyncio.to_thread(worker.get, heavy, 15)
+            assert failed == [sub.request_ids[0]]  # the first re-queue failed ...
+            assert item is not None and item.request_id == sub.request_ids[0]  # ... and it was retried
+            await asyncio.sleep(2.5)  # a catch-up reads the light result again: not decided twice
+            assert not dispatch._handoffs_pending
+            assert await asyncio.to_thread(worker.get, heavy, 0.5) is None
+            worker.result(item.request_id, WorkResult(request_id=item.request_id, level=heavy, image_png=b"heavy"))
+            worker.ack(item)
+            res = (await waiting)[0]
+            assert res.level == heavy and images.get(res.image_ref) == b"heavy"
+        finally:
+            await dispatch.close()
+
+    asyncio.run(main())
+
+
 @pytest.mark.parametrize(
     ("policy_name", "profile_name"),
     [

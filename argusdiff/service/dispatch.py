@@ -37,6 +37,7 @@ import contextlib
 import logging
 import random
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -52,6 +53,11 @@ from workers.messages import WorkItem, WorkResult
 __all__ = ["Delivery", "Dispatch", "LocalDispatch", "RedisDispatch", "jittered"]
 
 log = logging.getLogger("argusdiff.service")
+
+
+#: How many carried-out cascade hand-offs a router remembers (a catch-up reads a light result again
+#: only until its heavy run replaces it, seconds later; this covers far more than that).
+HANDOFFS_REMEMBERED = 65536
 
 
 def jittered(backoff_s: float) -> float:
@@ -509,6 +515,12 @@ class RedisDispatch(Dispatch):
         self._subscriber: asyncio.Task | None = None
         self._last_id = "$"
         self._closing = False
+        #: cascade hand-offs read but not yet carried out (Redis failed between the claim and the
+        #: re-queue): request id -> the light result, or None where the result was not read yet
+        self._handoffs_pending: dict[str, WorkResult | None] = {}
+        #: hand-offs this router carried out (newest last, bounded): a catch-up that reads the light
+        #: result again before the heavy one replaces it must not decide it twice
+        self._handoffs_carried: OrderedDict[str, None] = OrderedDict()
 
     @property
     def queue(self):
@@ -534,6 +546,7 @@ class RedisDispatch(Dispatch):
     async def _catch_up(self) -> None:
         """Read the results of everything followed (a notification lost in an outage or a trim),
         and end the waits of work whose request record is gone (Redis lost its data)."""
+        await self._retry_handoffs()
         followed = [rid for rid, d in self._deliveries.items() if d.queued]
         missing = []
         for i in range(0, len(followed), 500):
@@ -580,8 +593,8 @@ class RedisDispatch(Dispatch):
                     for rid, res in (await self.aio.fetch_results(wanted)).items():
                         self._arrived(rid, res)
                 if handoffs:
-                    for rid, res in (await self.aio.fetch_results(handoffs)).items():
-                        await self._handoff(rid, res)
+                    self._handoffs_pending.update(dict.fromkeys(handoffs))
+                    await self._retry_handoffs()
                 if time.monotonic() - last_sweep > 2.0:
                     last_sweep = time.monotonic()
                     await self._catch_up()
@@ -611,10 +624,30 @@ class RedisDispatch(Dispatch):
             await asyncio.sleep(jittered(backoff))
             backoff = min(1.0, backoff * 2)
 
+    async def _retry_handoffs(self) -> None:
+        """Carry out the hand-offs read and not yet done, oldest first. One that Redis fails stays
+        pending with those after it (the error goes up: the listener marks Redis unhealthy and
+        comes back here when it answers), so a claimed hand-off is never dropped by an outage."""
+        while self._handoffs_pending:
+            rid, res = next(iter(self._handoffs_pending.items()))
+            if res is None:
+                unread = [r for r, v in self._handoffs_pending.items() if v is None]
+                found = await self.aio.fetch_results(unread)
+                for r in unread:  # a result gone (expired, or taken by the claimant) has no hand-off
+                    if r in found:
+                        self._handoffs_pending[r] = found[r]
+                    else:
+                        del self._handoffs_pending[r]
+                continue
+            await self._handoff(rid, res)
+            self._handoffs_pending.pop(rid, None)
+
     async def _handoff(self, request_id: str, result: WorkResult) -> None:
         """A cascade hand-off (see :attr:`Dispatch.on_handoff`); every router reads it, the first to
         claim it decides (an item re-queued here, or the final result published as a worker's)."""
-        if result.handoff is None or not await self.aio.claim_handoff(request_id, self.result_ttl_s):
+        if result.handoff is None or request_id in self._handoffs_carried:
+            return
+        if not await self.aio.claim_handoff(request_id, self.result_ttl_s):
             return
         item, final = self._decide_handoff(request_id, result)
         if item is not None:
@@ -622,6 +655,9 @@ class RedisDispatch(Dispatch):
             self._requeued(request_id, item, entries[0] if entries else None)
         elif final is not None:
             await self.aio.publish_result(request_id, final, self.result_ttl_s)
+        self._handoffs_carried[request_id] = None
+        if len(self._handoffs_carried) > HANDOFFS_REMEMBERED:
+            self._handoffs_carried.popitem(last=False)
 
     async def ping(self) -> bool:
         ok = await self.aio.ping()

@@ -300,6 +300,14 @@ local t = redis.call('TIME')
 return {redis.call('EXISTS', KEYS[1]), tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}
 """
 
+# A cascade hand-off's claim: the first router to set it decides; the same router may claim it
+# again (its first decision failed to reach Redis and it retries), no other can.
+_CLAIM_HANDOFF = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+if redis.call('GET', KEYS[1]) == ARGV[1] then return 1 end
+return 0
+"""
+
 #: Redis's clock (ms) on the node of KEYS[1] (the control slot's, on a cluster).
 _CLOCK = """
 local t = redis.call('TIME')
@@ -1006,6 +1014,9 @@ class AsyncRedisDispatch:
         self._enqueue = self.r.register_script(_ENQUEUE)
         self._enqueue_level = self.r.register_script(_ENQUEUE_LEVEL)
         self._clock_script = self.r.register_script(_CLOCK)
+        self._claim_handoff_script = self.r.register_script(_CLAIM_HANDOFF)
+        #: this router's name on the hand-offs it claims
+        self.claimant = secrets.token_hex(8)
         self._clock: tuple[float, float] | None = None  # (Redis's clock in ms, time.monotonic() when read)
         #: an enqueue that Redis has not run this long after it was sent never runs (s)
         self.accept_window_s = 0.75 * socket_timeout_s
@@ -1212,9 +1223,11 @@ class AsyncRedisDispatch:
         await self._do(self.r.set(self.keys.result(request_id), json.dumps(result.to_dict()), xx=True, keepttl=True))
 
     async def claim_handoff(self, request_id: str, ttl_s: float) -> bool:
-        """Whether this router decides the cascade hand-off of ``request_id`` (first claim wins)."""
+        """Whether this router decides the cascade hand-off of ``request_id``: the first claim wins,
+        and the winner's own claim again is granted (a retry after its decision failed to reach Redis)."""
         key = self.keys.handoff(request_id)
-        return bool(await self._do(self.r.set(key, "1", nx=True, px=max(1, int(ttl_s * 1000)))))
+        ttl_ms = max(1, int(ttl_s * 1000))
+        return bool(await self._do(self._claim_handoff_script(keys=[key], args=[self.claimant, ttl_ms])))
 
     async def publish_result(self, request_id: str, result: WorkResult, ttl_s: float) -> None:
         """A final result the router made (a cascade hand-off kept or dropped), as a worker's (it
