@@ -14,6 +14,12 @@ a solve falls back to HiGHS and the fallback is logged once per process. Raw sol
 leave this module: callers get a :class:`SolveResult` whose ``status`` says what happened.
 
 highspy and gurobipy are imported lazily, on the first solve (or :func:`preload`).
+
+Every solve is deterministic: one thread on either backend, and besides the caller's wall-clock
+``time_limit_s`` a limit counted in the solver's own work (:data:`GUROBI_WORK_LIMIT`,
+:data:`HIGHS_NODE_LIMIT`), which stops a solve at the same point on any machine and under any load.
+A replay, whose plans must be a pure function of its inputs, solves with no wall-clock limit
+(``argusdiff.replay.runs``) and stops at these alone.
 """
 
 from __future__ import annotations
@@ -32,7 +38,21 @@ log = logging.getLogger(__name__)
 BACKENDS = ("auto", "highs", "gurobi")
 GUROBI_SIZE_LIMIT_ERROR = 10010
 
-Status = Literal["optimal", "infeasible", "time_limit", "error"]
+Status = Literal["optimal", "infeasible", "time_limit", "error"]  # "time_limit": any limit (wall clock or work)
+
+#: Gurobi's deterministic work limit per solve (``WorkLimit``, in Gurobi's work units: "roughly one
+#: second" of a typical machine's work, the same on every machine and load; with ``Threads = 1`` the
+#: solve is deterministic). 5 units, the budget of the 5 s wall-clock default; the largest solve of
+#: argus+'s replay measured 0.42 units (13 nodes, 1073 columns: the tiered bursty trace of
+#: tests/test_replay_determinism.py stretched to 60 minutes), so the limit does not bind there.
+GUROBI_WORK_LIMIT = 5.0
+#: HiGHS's deterministic branch-and-bound node limit per solve (``mip_max_nodes``; HiGHS has no work
+#: measure). The largest MILP of that replay on HiGHS took 11 nodes (and up to 1.6 s on a loaded
+#: 2-core machine: the 5 s wall-clock limit was within 3x of binding); 10,000 leaves room for
+#: instances a hundred times harder while stopping a runaway search at the same node everywhere.
+HIGHS_NODE_LIMIT = 10_000
+#: Gurobi's largest parameter value (GRB.INFINITY): a wall-clock limit of ``math.inf`` is passed as it
+_GUROBI_INFINITY = 1e100
 
 _lock = threading.Lock()
 _state: dict[str, object] = {"gurobi": None, "gurobi_env": None, "fallback_logged": False, "highs": None}
@@ -225,6 +245,7 @@ def _solve_highs(
     h.setOptionValue("output_flag", False)
     h.setOptionValue("threads", 1)
     h.setOptionValue("time_limit", float(time_limit_s))
+    h.setOptionValue("mip_max_nodes", HIGHS_NODE_LIMIT)
     h.setOptionValue("mip_rel_gap", 1e-9)
     if not presolve:
         h.setOptionValue("presolve", "off")
@@ -239,7 +260,7 @@ def _solve_highs(
         st: Status = "optimal"
     elif status in (S.kInfeasible, S.kUnboundedOrInfeasible):
         return SolveResult("infeasible", None, None, "highs", h.modelStatusToString(status))
-    elif status == S.kTimeLimit:
+    elif status in (S.kTimeLimit, S.kSolutionLimit, S.kIterationLimit):  # kSolutionLimit: mip_max_nodes
         st = "time_limit"
     else:
         return SolveResult("error", None, None, "highs", h.modelStatusToString(status))
@@ -261,7 +282,8 @@ def _solve_gurobi(c, A, row_lo, row_hi, col_lo, col_hi, integrality, sense, time
         model = gp.Model(env=env)
         model.Params.OutputFlag = 0
         model.Params.Threads = 1
-        model.Params.TimeLimit = float(time_limit_s)
+        model.Params.TimeLimit = min(float(time_limit_s), _GUROBI_INFINITY)
+        model.Params.WorkLimit = GUROBI_WORK_LIMIT
         model.Params.MIPGap = 1e-9
         vtype = np.where(np.asarray(integrality, dtype=bool), GRB.INTEGER, GRB.CONTINUOUS)
         lo = np.where(np.isfinite(col_lo), col_lo, -GRB.INFINITY)
@@ -289,9 +311,10 @@ def _solve_gurobi(c, A, row_lo, row_hi, col_lo, col_hi, integrality, sense, time
     status = model.Status
     if status in (GRB.INFEASIBLE, GRB.INF_OR_UNBD):
         return SolveResult("infeasible", None, None, "gurobi", "infeasible")
+    limits = (GRB.TIME_LIMIT, GRB.WORK_LIMIT, GRB.NODE_LIMIT, GRB.ITERATION_LIMIT)
     if model.SolCount == 0:
         return SolveResult(
-            "time_limit" if status == GRB.TIME_LIMIT else "error", None, None, "gurobi", f"gurobi status {status}"
+            "time_limit" if status in limits else "error", None, None, "gurobi", f"gurobi status {status}"
         )
     st: Status = "optimal" if status == GRB.OPTIMAL else "time_limit"
     return SolveResult(st, np.asarray(x.X, dtype=np.float64), float(model.ObjVal), "gurobi")

@@ -5,6 +5,7 @@ check that no policy dominates the flagship (:func:`domination`)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -226,6 +227,10 @@ def _run_policy(
     extra = dict(extra)
     sim_fields = dict(extra.pop("sim", {}))  # an ablation may switch a simulated mechanism off too
     options: dict[str, Any] = {"slo_s": shared.slo_s, "period_s": period, **spec.policy_options, **extra}
+    if "time_limit_s" in cls.options_type.names():
+        # no wall-clock limit on a solve: a replay's plans are a pure function of its inputs, not of
+        # the machine's load; each solve stops at its backend's work limit (solver.backends)
+        options.setdefault("time_limit_s", math.inf)
     if prof.cascades:
         options["tier_slo"] = shared.tier_slo
         if prof.name not in profiled:
