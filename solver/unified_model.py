@@ -503,26 +503,26 @@ def dominated(m: Model, direct: Sequence[int]) -> np.ndarray:
     more usage, no less value, quality and quality for the average prompt (the tie-break; of equals,
     the later one). Such a column is never
     needed: swapping its flow to the other frees capacity and loses nothing."""
-    Z = len(m.Z)
-    out = np.zeros((Z, len(direct)), dtype=bool)
+    Z, D = len(m.Z), len(direct)
+    if D < 2:
+        return np.zeros((Z, D), dtype=bool)
+    # every (i, j) pair at once, element for element the comparisons of one pair: axis 1 is i (the
+    # path tested), axis 2 is j (the path that may beat it)
+    idx = list(direct)
+    use = m.use[:, :, :, 0][:, idx]  # Z x D x M
+    val, qual, prior = (a[:, :, 0][:, idx] for a in (m.val, m.qual, m.prior))  # Z x D each
+    ui, uj = use[:, :, None, :], use[:, None, :, :]
+    no_more = np.all(uj <= ui + 1e-12, axis=3)
+    no_less = np.ones((Z, D, D), dtype=bool)
+    same = np.all(np.abs(uj - ui) <= 1e-12, axis=3)
+    for a in (val, qual, prior):
+        ai, aj = a[:, :, None], a[:, None, :]
+        no_less &= aj >= ai - 1e-12
+        same &= np.abs(aj - ai) <= 1e-12
     pools = [tuple(np.flatnonzero(m.use[0, g, :, 0] > 0)) for g in direct]
-    for i, gi in enumerate(direct):
-        for j, gj in enumerate(direct):
-            if i == j or pools[i] != pools[j]:
-                continue
-            no_more = np.all(m.use[:, gj, :, 0] <= m.use[:, gi, :, 0] + 1e-12, axis=1)
-            no_less = (
-                (m.val[:, gj, 0] >= m.val[:, gi, 0] - 1e-12)
-                & (m.qual[:, gj, 0] >= m.qual[:, gi, 0] - 1e-12)
-                & (m.prior[:, gj, 0] >= m.prior[:, gi, 0] - 1e-12)
-            )
-            same = (
-                np.all(np.abs(m.use[:, gj, :, 0] - m.use[:, gi, :, 0]) <= 1e-12, axis=1)
-                & (np.abs(m.val[:, gj, 0] - m.val[:, gi, 0]) <= 1e-12)
-                & (np.abs(m.qual[:, gj, 0] - m.qual[:, gi, 0]) <= 1e-12)
-                & (np.abs(m.prior[:, gj, 0] - m.prior[:, gi, 0]) <= 1e-12)
-            )
-            out[:, i] |= no_more & no_less & (~same | (j < i))
+    pair = np.array([[i != j and pools[i] == pools[j] for j in range(D)] for i in range(D)])
+    later = np.tri(D, D, -1, dtype=bool)  # j < i
+    out = np.any(no_more & no_less & (~same | later) & pair, axis=2)
     return out
 
 
