@@ -59,3 +59,20 @@ def test_gurobi_requested_but_missing_falls_back(monkeypatch):
     c, A, lo, hi, clo, chi = knapsack()
     res = backends.solve_milp(c, A, lo, hi, clo, chi, np.ones(3, dtype=bool), backend="gurobi")
     assert res.backend == "highs" and res.objective == pytest.approx(13.0)
+
+
+@pytest.mark.parametrize("backend", BACKS)
+def test_a_solve_stopped_by_its_work_limit_keeps_its_best_solution(backend, monkeypatch):
+    # the deterministic limits (HiGHS's node limit, Gurobi's work limit) stop a hard MILP with no
+    # wall-clock limit at all; the best solution found is kept, as at a time limit
+    monkeypatch.setattr(backends, "HIGHS_NODE_LIMIT", 1)
+    monkeypatch.setattr(backends, "GUROBI_WORK_LIMIT", 1e-6)
+    rng = np.random.default_rng(3)
+    n = 60
+    w = rng.integers(1000, 5000, (3, n)).astype(float)
+    v = rng.integers(1000, 5000, n).astype(float)
+    args = (v, w, np.full(3, -np.inf), w.sum(axis=1) / 2 + 0.5, np.zeros(n), np.ones(n), np.ones(n, dtype=bool))
+    res = backends.solve_milp(*args, backend=backend, time_limit_s=float("inf"))
+    assert res.backend == backend and res.status == "time_limit"
+    if res.x is not None:
+        assert np.all(w @ res.x <= w.sum(axis=1) / 2 + 0.5 + 1e-6)
