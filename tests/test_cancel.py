@@ -110,7 +110,8 @@ def test_an_item_cancelled_while_queued_is_skipped(demo_registry):
 
 
 def test_over_redis_a_cancel_key_stops_the_running_pipeline(demo_registry, redis_server):
-    from argusdiff.service.transport.redis_streams import AsyncRedisDispatch, RedisWorkQueue
+    from argusdiff.service.transport.redis_dispatch import AsyncRedisDispatch
+    from argusdiff.service.transport.redis_streams import RedisWorkQueue
     from workers.sm import ModelExecutor
 
     queue = RedisWorkQueue(redis_server.url, namespace="cx", consumer="w", cancel_poll_s=0.0)

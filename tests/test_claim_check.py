@@ -208,7 +208,8 @@ def test_an_edit_input_reaches_the_worker_through_the_store_only(redis_any, tmp_
     the worker gets them back, and an item it gives back goes into Redis without them again."""
     import asyncio
 
-    from argusdiff.service.transport.redis_streams import AsyncRedisDispatch, RedisWorkQueue
+    from argusdiff.service.transport.redis_dispatch import AsyncRedisDispatch
+    from argusdiff.service.transport.redis_streams import RedisWorkQueue
     from workers.messages import WorkItem
 
     images = LocalImageStore(tmp_path)

@@ -177,7 +177,7 @@ def test_tier_streams_requeue_migrate_and_block(redis_any):
 def test_router_enqueue_and_cancel_on_tier_streams(redis_any):
     import asyncio
 
-    from argusdiff.service.transport.redis_streams import AsyncRedisDispatch
+    from argusdiff.service.transport.redis_dispatch import AsyncRedisDispatch
 
     async def go():
         aio = AsyncRedisDispatch(redis_any.url, namespace="t9")
@@ -294,7 +294,7 @@ def test_dead_workers_own_stream_is_requeued(redis_any):
 def test_router_enqueue_and_cancel_on_a_workers_stream(redis_any):
     import asyncio
 
-    from argusdiff.service.transport.redis_streams import AsyncRedisDispatch
+    from argusdiff.service.transport.redis_dispatch import AsyncRedisDispatch
 
     async def go():
         aio = AsyncRedisDispatch(redis_any.url, namespace="t12")

@@ -48,7 +48,7 @@ def _item(rid: str, level: str = "lv") -> WorkItem:
 
 def test_enqueue_refused_during_a_freeze_never_runs_later(redis_server):
     from argusdiff.service.errors import QueueUnavailable
-    from argusdiff.service.transport.redis_streams import AsyncRedisDispatch
+    from argusdiff.service.transport.redis_dispatch import AsyncRedisDispatch
 
     async def scenario() -> tuple[bool, list]:
         aio = AsyncRedisDispatch(redis_server.url, socket_timeout_s=0.5)
@@ -78,7 +78,7 @@ def test_enqueue_refused_during_a_freeze_never_runs_later(redis_server):
 
 
 def test_enqueue_retried_after_it_ran_queues_once(redis_any):
-    from argusdiff.service.transport.redis_streams import AsyncRedisDispatch
+    from argusdiff.service.transport.redis_dispatch import AsyncRedisDispatch
 
     async def scenario() -> tuple[list, list]:
         aio = AsyncRedisDispatch(redis_any.url)
@@ -113,7 +113,8 @@ def test_cluster_a_request_refused_while_the_control_node_froze_never_runs(redis
     import signal
 
     from argusdiff.service.errors import QueueUnavailable
-    from argusdiff.service.transport.redis_streams import AsyncRedisDispatch, RedisKeys, RedisWorkQueue
+    from argusdiff.service.transport.redis_dispatch import AsyncRedisDispatch
+    from argusdiff.service.transport.redis_streams import RedisKeys, RedisWorkQueue
 
     cluster = redis_cluster_session
     cluster.flush()

@@ -503,7 +503,8 @@ class RedisDispatch(Dispatch):
         min_record_ttl_s: float = 0.0,
     ) -> None:
         super().__init__(result_ttl_s=result_ttl_s, memory_bytes=memory_bytes, images=images)
-        from argusdiff.service.transport.redis_streams import AsyncRedisDispatch, RedisWorkQueue
+        from argusdiff.service.transport.redis_dispatch import AsyncRedisDispatch
+        from argusdiff.service.transport.redis_streams import RedisWorkQueue
 
         self.url = url
         self.aio = AsyncRedisDispatch(url, namespace=namespace, images=images)
