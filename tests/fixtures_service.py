@@ -108,7 +108,7 @@ class RedisCluster:
 
     def __init__(self, workdir: Path, nodes: int = 3) -> None:
         self.workdir = workdir
-        self.ports = _cluster_ports(nodes)
+        self.ports = cluster_ports(nodes)
         self.procs: list[subprocess.Popen] = []
 
     @property
@@ -172,7 +172,7 @@ class RedisCluster:
         self.procs = []
 
 
-def _cluster_ports(n: int) -> list[int]:
+def cluster_ports(n: int) -> list[int]:
     """``n`` free ports P at most 55535 whose cluster bus port P + 10000 is free too."""
     import random
 

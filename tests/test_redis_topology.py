@@ -11,7 +11,7 @@ import time
 
 import pytest
 import redis
-from fixtures_service import free_port, stop_process
+from fixtures_service import cluster_ports, free_port, stop_process
 
 from workers.messages import WorkItem
 
@@ -22,7 +22,9 @@ def _start(tmp_path, name: str, *extra: str) -> tuple[subprocess.Popen, str]:
     binary = shutil.which("redis-server")
     if binary is None:
         pytest.skip("redis-server is not installed (apt-get install redis-server)")
-    port = free_port()
+    # a cluster node's bus listens on port + 10000, so its port must be at most 55535 with that one
+    # free too (an ephemeral port above it made redis-server exit at once, about 1 run in 5)
+    port = cluster_ports(1)[0] if "--cluster-enabled" in extra else free_port()
     workdir = tmp_path / name
     workdir.mkdir()
     proc = subprocess.Popen(
@@ -38,6 +40,8 @@ def _start(tmp_path, name: str, *extra: str) -> tuple[subprocess.Popen, str]:
                     return proc, f"redis://127.0.0.1:{port}/0"
         except OSError:
             pass
+        if proc.poll() is not None:
+            raise RuntimeError(f"redis-server {name} exited with {proc.returncode} on port {port}")
         time.sleep(0.01)
     stop_process(proc)
     raise RuntimeError(f"redis-server {name} did not start")
