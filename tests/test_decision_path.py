@@ -256,6 +256,26 @@ def test_simulator_and_live_router_take_the_same_decisions(policy_name, profile_
     assert router.level_load.total() == 0 and not router.inflight
 
 
+def _light_worker_defers(worker, light: str, heavy: str) -> None:
+    """A light worker of the cascade takes its item and hands it back to the heavy level (a
+    confidence of 0.01, below every threshold)."""
+    from workers.messages import WorkResult
+
+    item = worker.get(light, timeout=5)
+    assert item is not None and item.level == light
+    worker.result(
+        item.request_id,
+        WorkResult(
+            request_id=item.request_id,
+            level=light,
+            image_png=b"light",
+            confidence=0.01,
+            handoff=handoff_item(item, heavy, 0.01),
+        ),
+    )
+    worker.ack(item)
+
+
 def test_redis_cascade_handoff_is_decided_once_by_the_policy(redis_any, tmp_path):
     """Redis mode, two routers: a hand-off published by a light worker is decided by exactly one
     router's policy — redone at the heavy level (one heavy item) or dropped — and the client's
@@ -289,28 +309,12 @@ def test_redis_cascade_handoff_is_decided_once_by_the_policy(redis_any, tmp_path
             routers.append(router)
         worker = RedisWorkQueue(redis_any.url, namespace=ns, consumer="w0", images=images)
 
-        def light_worker_defers() -> None:
-            item = worker.get(light, timeout=5)
-            assert item is not None and item.level == light
-
-            worker.result(
-                item.request_id,
-                WorkResult(
-                    request_id=item.request_id,
-                    level=light,
-                    image_png=b"light",
-                    confidence=0.01,
-                    handoff=handoff_item(item, heavy, 0.01),
-                ),
-            )
-            worker.ack(item)
-
         a, b = routers
         try:
             # generous deadline: the heavy level redoes it, once
             sub = await a.submit(GenerationSpec(prompt="a red kite", response_format="b64_json", slo_s=100.0))
             waiting = asyncio.ensure_future(a.wait(sub, 30))
-            await asyncio.to_thread(light_worker_defers)
+            await asyncio.to_thread(_light_worker_defers, worker, light, heavy)
             item = await asyncio.to_thread(worker.get, heavy, 10)
             assert item is not None and item.request_id == sub.request_ids[0]
             assert item.meta["deferred_from"] == light
@@ -325,7 +329,7 @@ def test_redis_cascade_handoff_is_decided_once_by_the_policy(redis_any, tmp_path
             slo = (profile.level(light).latency(1) + 0.5 * profile.level(heavy).latency(1)) / 1.5
             sub = await a.submit(GenerationSpec(prompt="a blue kite", response_format="b64_json", slo_s=slo))
             waiting = asyncio.ensure_future(a.wait(sub, 30))
-            await asyncio.to_thread(light_worker_defers)
+            await asyncio.to_thread(_light_worker_defers, worker, light, heavy)
             res = (await waiting)[0]
             assert res.error_type == "Dropped" and not res.ok
             assert a.handoffs["dropped"] + b.handoffs["dropped"] == 1
@@ -381,22 +385,7 @@ def test_a_claimed_handoff_whose_requeue_fails_is_carried_out_when_redis_answers
             sub = await router.submit(GenerationSpec(prompt="a red kite", response_format="b64_json", slo_s=100.0))
             waiting = asyncio.ensure_future(router.wait(sub, 30))
 
-            def light_worker_defers() -> None:
-                item = worker.get(light, timeout=5)
-                assert item is not None and item.level == light
-                worker.result(
-                    item.request_id,
-                    WorkResult(
-                        request_id=item.request_id,
-                        level=light,
-                        image_png=b"light",
-                        confidence=0.01,
-                        handoff=handoff_item(item, heavy, 0.01),
-                    ),
-                )
-                worker.ack(item)
-
-            await asyncio.to_thread(light_worker_defers)
+            await asyncio.to_thread(_light_worker_defers, worker, light, heavy)
             item = await asyncio.to_thread(worker.get, heavy, 15)
             assert failed == [sub.request_ids[0]]  # the first re-queue failed ...
             assert item is not None and item.request_id == sub.request_ids[0]  # ... and it was retried

@@ -126,13 +126,9 @@ class EventHandling:
             extra += spec.discriminator_latency_s
         bsize = plan.batch_sizes.get(served.id, 1) if plan is not None and plan.batch_sizes else 1
         rank = self._rank_l[i]
-        w = self._deliver_to(worker)
+        w = self._worker_for(worker, level_id, lv, served, t, bsize, rank)
         if w is None:
-            w = self._puller(level_id, served, t, bsize, rank)
-        if w is None:
-            w = self._pick_up_worker(lv, t)
-            if w is None:
-                return INF
+            return INF
         jit = self.jit[i] if self.jit is not None else 1.0
         dq = self.dq[w]
         while dq and dq[0].finish <= t:

@@ -120,6 +120,19 @@ class WorkerService:
                 best_key, best = key, w
         return best
 
+    def _worker_for(
+        self, worker: str | None, level_id: str, lv: ApproxLevel, served: ApproxLevel, t: float, bsize: int, rank: int
+    ) -> int | None:
+        """The worker a request at ``level_id`` (served as ``served``) waits for: the policy's pick
+        where it delivers per worker, else the worker of the level that starts it first, else any up
+        worker that could load it; None: no worker is up."""
+        w = self._deliver_to(worker)
+        if w is None:
+            w = self._puller(level_id, served, t, bsize, rank)
+        if w is None:
+            w = self._pick_up_worker(lv, t)
+        return w
+
     def _deliver_to(self, worker: str | None) -> int | None:
         """The worker whose own queue a request waits in (``Delivery.PER_WORKER``): the policy's
         pick while it is up; None: the level's shared pull (``Delivery.SHARED``, or no pick)."""
@@ -152,16 +165,11 @@ class WorkerService:
         # shared per-level queues, the worker of its level that starts it first (FIFO over the
         # level's workers; the policy's worker is then an estimate)
         rank = self._rank_l[i]
-        w = self._deliver_to(worker)
-        if w is None:
-            w = self._puller(level_id, served, t, bsize, rank)
-        if w is None:
-            w = self._pick_up_worker(lv, t)
-            if w is None:
-                # no worker is up: accepted work waits for the first one to come back
-                self.status[i] = PENDING
-                self.waiting.append(i)
-                return
+        w = self._worker_for(worker, level_id, lv, served, t, bsize, rank)
+        if w is None:  # no worker is up: accepted work waits for the first one to come back
+            self.status[i] = PENDING
+            self.waiting.append(i)
+            return
         self.period.routed(level_id)
         ready = self._need(w, served, t)
         spec = self.specs.get(served.id) if stage == 0 else None

@@ -95,15 +95,10 @@ local t = redis.call('TIME')
 return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
-#: Re-queue entries pending at a dead consumer, fenced: only while KEYS[2] (the leader lease) holds
-#: ARGV[3] ('' : no fence), and only the entries still pending at that consumer (a worker's
-#: XAUTOCLAIM may have taken one meanwhile). KEYS[1]: the stream, KEYS[3] (optional, in its slot) the
-#: stream the copies go to (a worker's own stream's go to the level's); ARGV[1] group, ARGV[2] consumer,
-#: then (entry id, the copy's item JSON, '' for a deleted entry: acked only) pairs. Returns the
-#: number of copies queued, or -1 when the fence refused.
-REQUEUE = """
-if ARGV[3] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[3] then return -1 end
-local moved = 0
+#: The re-queue both fences lead into: each (entry id, copy) pair of ARGV from 4 on whose entry is
+#: still pending at consumer ARGV[2] (group ARGV[1]) is copied to KEYS[3] (or back to KEYS[1]) unless
+#: its copy is '' (deleted: acked only), then acked and deleted; returns the number of copies queued.
+_REQUEUE_PENDING = """local moved = 0
 for i = 4, #ARGV, 2 do
   local held = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1, ARGV[2])
   if #held > 0 then
@@ -118,29 +113,32 @@ end
 return moved
 """
 
+#: Re-queue entries pending at a dead consumer, fenced: only while KEYS[2] (the leader lease) holds
+#: ARGV[3] ('' : no fence), and only the entries still pending at that consumer (a worker's
+#: XAUTOCLAIM may have taken one meanwhile). KEYS[1]: the stream, KEYS[3] (optional, in its slot) the
+#: stream the copies go to (a worker's own stream's go to the level's); ARGV[1] group, ARGV[2] consumer,
+#: then (entry id, the copy's item JSON, '' for a deleted entry: acked only) pairs. Returns the
+#: number of copies queued, or -1 when the fence refused.
+REQUEUE = (
+    """
+if ARGV[3] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[3] then return -1 end
+"""
+    + _REQUEUE_PENDING
+)
+
 #: Cluster mode: the re-queue of :data:`REQUEUE`, fenced by the level's own copy of the highest
 #: leader token that re-queued there (KEYS[2], in the level's slot; ARGV[3] this leader's token, ''
 #: none): a token below it is refused (-1), so once a newer leader has acted at a level a stale one
 #: cannot; before it, the pending check alone keeps an item from being queued twice.
-REQUEUE_BY_TOKEN = """
+REQUEUE_BY_TOKEN = (
+    """
 if ARGV[3] ~= '' then
   if tonumber(ARGV[3]) < tonumber(redis.call('GET', KEYS[2]) or '0') then return -1 end
   redis.call('SET', KEYS[2], ARGV[3])
 end
-local moved = 0
-for i = 4, #ARGV, 2 do
-  local held = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1, ARGV[2])
-  if #held > 0 then
-    if ARGV[i + 1] ~= '' then
-      redis.call('XADD', KEYS[3] or KEYS[1], '*', 'item', ARGV[i + 1])
-      moved = moved + 1
-    end
-    redis.call('XACK', KEYS[1], ARGV[1], ARGV[i])
-    redis.call('XDEL', KEYS[1], ARGV[i])
-  end
-end
-return moved
 """
+    + _REQUEUE_PENDING
+)
 
 #: Release a worker's own stream (KEYS[1]) to the level's stream of the same tier (KEYS[2], same
 #: slot): up to ARGV[3] entries no consumer has taken yet are read by the releasing consumer
