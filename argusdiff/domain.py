@@ -28,10 +28,13 @@ __all__ = [
     "ClusterStats",
     "DeadlineVerdict",
     "Delivery",
+    "Outcome",
     "Plan",
+    "PlanTrigger",
     "Profile",
     "Refusal",
     "Request",
+    "RouteReason",
     "Strategy",
     "Tier",
     "Timeliness",
@@ -424,24 +427,101 @@ class Refusal(enum.StrEnum):
     CAPPED = "queue cap"
 
 
+class Outcome(enum.StrEnum):
+    """What the data path decided for one request, or for one cascade deferral, as a value: the
+    router and the simulator branch on it by identity (:attr:`Assignment.outcome`)."""
+
+    #: taken at a level: the one the plan drew, or the one a rule of the policy chose
+    #: (:attr:`Assignment.cause` says which)
+    SERVED = "served"
+    #: moved to another path so that it finishes by its deadline (:attr:`Timeliness.ESCALATED`)
+    ESCALATED = "escalated"
+    #: a cascade deferral that a heavy level redoes (``Policy.decide_heavy``)
+    DEFERRED = "deferred"
+    #: a cascade deferral that no heavy level redoes: the light image is the answer
+    KEPT = "kept"
+    #: not taken: no planned level with a worker is what the request needs (its quality floor, its
+    #: adapter's models; :attr:`Assignment.refusal` says which)
+    REFUSED = "refused"
+    #: the policy dropped it (DiffServe's 1.5 x SLO rule; :attr:`Refusal.POLICY`)
+    DROPPED = "dropped"
+
+
+class RouteReason(enum.StrEnum):
+    """Why a request went where it did, as a value (:attr:`Assignment.cause`): explanations and the
+    ``argusdiff_routed_total`` metric read it; ``Assignment.reason`` holds the same in words for
+    clients, and no code compares those words."""
+
+    #: where the plan drew it (its PASM row, its share, its queue)
+    PLAN = "plan"
+    #: the plan has no worker at the drawn level: it waits there for one
+    NO_WORKER = "no worker"
+    #: ARGUS §4.6: the cache is degraded, K = 0 at once on the loaded model
+    CACHE_DEGRADED = "cache degraded"
+    #: a mixed ladder's cache miss at an AC level: a smaller model instead
+    CACHE_MISS = "cache miss"
+    #: the drawn path would miss the deadline; another one meets it
+    DEADLINE_MOVED = "deadline moved"
+    #: no path meets the deadline: best effort on the one that finishes first
+    DEADLINE_LATE = "deadline late"
+    #: moved up to the request's ``min_quality_level`` (refused: none meets it)
+    QUALITY_FLOOR = "quality floor"
+    #: moved to a level of a model the request allows (its LoRA adapter's; refused: none has one)
+    ADAPTER = "adapter"
+    #: DiffServe's drop: predicted to miss 1.5 x the SLO
+    PREDICTED_LATE = "predicted late"
+    #: a deferral's heavy run would miss the deadline: the light image is kept
+    HEAVY_LATE = "heavy late"
+    #: a deferral with no heavy level or worker (or no plan, or a policy that does not cascade):
+    #: the light image is kept
+    NO_HEAVY = "no heavy"
+
+
 @dataclass(frozen=True, slots=True)
 class Assignment:
-    """The data path's decision for one request."""
+    """The data path's decision for one request: its :attr:`outcome` and :attr:`cause` as values,
+    the level and worker, and :attr:`reason` in words for clients."""
 
-    level: str | None  # level id that serves it (None when dropped)
+    level: str | None  # level id that serves it (None: refused, dropped, or the light image kept)
     worker: str | None = None  # worker id chosen by the worker selector, when the policy picks one
     optimal_level: str | None = None  # the classifier's predicted optimal level
-    refusal: Refusal = Refusal.NONE  # why the policy dropped it (NONE: it did not)
+    refusal: Refusal = Refusal.NONE  # why the policy refused or dropped it (NONE: it did not)
     best_effort: bool = False  # admitted although predicted to miss its deadline
     reason: str = ""  # the decision in words, for clients and explanations; never branched on
     # the policy's deadline judgement (argusdiff.deadline); None: the policy does not route by
     # deadline, admission estimates on its own
     verdict: DeadlineVerdict | None = None
+    outcome: Outcome = Outcome.SERVED  # what was decided
+    cause: RouteReason = RouteReason.PLAN  # why, as a value
+
+    def __post_init__(self) -> None:
+        turned_away = self.outcome is Outcome.REFUSED or self.outcome is Outcome.DROPPED
+        if turned_away != (self.refusal is not Refusal.NONE):
+            raise ValueError(f"outcome {self.outcome} with refusal {self.refusal!r}")
+        if (self.level is None) != (turned_away or self.outcome is Outcome.KEPT):
+            raise ValueError(f"outcome {self.outcome} with level {self.level!r}")
 
     @property
     def dropped(self) -> bool:
-        """The policy refused the request (:attr:`refusal` says why)."""
+        """The request is not taken: refused or dropped (:attr:`refusal` says why)."""
         return self.refusal is not Refusal.NONE
+
+    @property
+    def taken(self) -> bool:
+        """A level takes the request: served, escalated or deferred (then :attr:`level` is set)."""
+        return self.outcome is Outcome.SERVED or self.outcome is Outcome.ESCALATED or self.outcome is Outcome.DEFERRED
+
+
+class PlanTrigger(enum.StrEnum):
+    """What a plan is made for (:attr:`ClusterStats.reason`), as a value policies branch on by
+    identity."""
+
+    #: a control period closed: its arrivals count, the predictors observe them
+    PERIOD = "period"
+    #: a model finished loading (ARGUS §4.6): a re-plan between periods, on arrivals already counted
+    LOADED = "loaded"
+    #: a worker joined or died: a re-plan between periods, on the last full period's rate
+    REPLAN = "replan"
 
 
 @dataclass(frozen=True, slots=True)
@@ -470,10 +550,13 @@ class ClusterStats:
     # level id -> measured batch latency / profiled (argusdiff.latency.LatencyEstimator); a level
     # not listed runs as profiled
     latency_scale: Mapping[str, float] = field(default_factory=dict)
-    # "period": a control period closed (its arrivals count, predictors observe them); anything else
-    # is a re-plan between periods whose arrivals were already counted: "loaded" (a model finished
-    # loading, ARGUS §4.6), "replan" (a worker joined or died)
-    reason: str = "period"
+    # what the plan is for: a closed period, or a re-plan between periods (a name is read as its
+    # PlanTrigger)
+    reason: PlanTrigger = PlanTrigger.PERIOD
+
+    def __post_init__(self) -> None:
+        if type(self.reason) is not PlanTrigger:
+            object.__setattr__(self, "reason", PlanTrigger(self.reason))
 
     @property
     def arrival_qpm(self) -> float:

@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from argusdiff.domain import ClusterStats
+from argusdiff.domain import ClusterStats, PlanTrigger
 
 __all__ = ["PeriodAccumulator", "PeriodStats", "cluster_stats"]
 
@@ -189,7 +189,7 @@ def cluster_stats(
     now_s: float,
     period_s: float,
     bin_s: float | None,
-    reason: str = "period",
+    reason: PlanTrigger = PlanTrigger.PERIOD,
     with_cache: bool = True,
     **observed,
 ) -> ClusterStats:
@@ -203,7 +203,7 @@ def cluster_stats(
     bins: tuple[int, ...] = ()
     width = 0.0
     times = period.arrival_times
-    if reason == "period" and bin_s and times is not None and len(times) == period.arrivals:
+    if reason is PlanTrigger.PERIOD and bin_s and times is not None and len(times) == period.arrivals:
         bins, width = arrival_bins(times, now_s - period_s, period_s, bin_s)
     return ClusterStats(
         now_s=now_s,

@@ -402,7 +402,7 @@ def test_full_size_stand_in_png_has_a_real_images_byte_size():
 
 
 def test_why_an_image_went_where_it_did():
-    from argusdiff.domain import Assignment, Plan, Strategy
+    from argusdiff.domain import Assignment, Plan, RouteReason, Strategy
     from argusdiff.service.explain import explain
 
     levels = ("k0", "k2", "k4")
@@ -412,8 +412,9 @@ def test_why_an_image_went_where_it_did():
         predicted_qpm=10.0, expected_quality=0.99,
     )  # fmt: skip
 
-    def why(level, optimal, reads=True, reason=""):
-        return explain(Assignment(level=level, reason=reason), plan, optimal=optimal, reads_prompt=reads)
+    def why(level, optimal, reads=True, reason="", cause=RouteReason.PLAN):
+        a = Assignment(level=level, reason=reason, cause=cause)
+        return explain(a, plan, optimal=optimal, reads_prompt=reads)
 
     assert why("k2", "k2") == "the prompt classifier puts this prompt at k2; the plan serves k2 (P = 0.75)"
     assert why("k0", "k2").endswith("the plan has room at the better level k0 (P = 0.25)")
@@ -421,7 +422,8 @@ def test_why_an_image_went_where_it_did():
     assert why("k2", "k0").endswith("the plan is short of capacity at k0: the faster level k2 (P = 0.00)")
     assert why("k0", None).startswith("no prompt classifier: the prompt counts as needing the best level;")
     assert why("k0", None, reads=False).startswith("this policy routes without reading the prompt;")
-    assert why("k0", "k4", reason="minimum quality level").endswith("; minimum quality level: k0")
+    floor = why("k0", "k4", reason="minimum quality level", cause=RouteReason.QUALITY_FLOOR)
+    assert floor.endswith("; minimum quality level: k0")
     caveat = explain(Assignment(level="k2"), plan, optimal="k2", reads_prompt=True, classifier="fitted at start")
     assert caveat.startswith("the prompt classifier (fitted at start) puts this prompt at k2")
 

@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from argusdiff.domain import Assignment, ClusterStats, Plan, Profile, Request, Strategy
+from argusdiff.domain import Assignment, ClusterStats, Plan, PlanTrigger, Profile, Request, RouteReason, Strategy
 from argusdiff.policies.base import (
     CommonOptions,
     PlanRouting,
@@ -180,7 +180,7 @@ class Argus(Policy, name="argus", family="ac"):
 
     def _update_mode(self, stats: ClusterStats) -> list[str]:
         notes: list[str] = []
-        if self.fallback is None or stats.reason != "period":
+        if self.fallback is None or stats.reason is not PlanTrigger.PERIOD:
             return notes
         degraded = self.cache_degraded(stats)
         if self.active is self.primary and degraded:
@@ -203,7 +203,7 @@ class Argus(Policy, name="argus", family="ac"):
     def demand_qpm(self, stats: ClusterStats) -> float:
         """The demand estimate (QPM, before the predictor's margin); a period's arrivals are
         observed once, re-plans on a model load reuse the estimate."""
-        if stats.reason == "period":
+        if stats.reason is PlanTrigger.PERIOD:
             self.demand.observe_stats(stats)
         return float(self.demand.estimate)
 
@@ -389,14 +389,22 @@ class Argus(Policy, name="argus", family="ac"):
         j = r.sample(row, self.rng.random())
         if not r.workers[j]:
             # no worker is planned (e.g. every worker is down): the request waits for one
-            return Assignment(level=plan.levels[j], worker=None, reason="no worker in the plan")
+            return Assignment(
+                level=plan.levels[j], worker=None, reason="no worker in the plan", cause=RouteReason.NO_WORKER
+            )
         level = plan.levels[j]
         if plan.strategy is Strategy.AC and j > 0 and not view.cache_healthy:
             # §4.6: serve at K = 0 at once on the loaded model until the plan switches to SM
             # every AC level shares the model, so any planned worker can run K = 0
             level = plan.levels[0]
             worker = select_worker([w for ws in r.workers for w in ws], view, self._lat[0])
-            return Assignment(level=level, worker=worker, optimal_level=view.optimal_level, reason="cache degraded")
+            return Assignment(
+                level=level,
+                worker=worker,
+                optimal_level=view.optimal_level,
+                reason="cache degraded",
+                cause=RouteReason.CACHE_DEGRADED,
+            )
         worker = select_worker(r.workers[j], view, self._lat[j])
         return Assignment(level=level, worker=worker, optimal_level=view.optimal_level)
 

@@ -34,7 +34,18 @@ from types import MappingProxyType
 from typing import Any
 
 from argusdiff.deadline import deadline_s, earliest_finish
-from argusdiff.domain import Assignment, ClusterStats, DeadlineVerdict, Plan, Request, Strategy, Timeliness
+from argusdiff.domain import (
+    Assignment,
+    ClusterStats,
+    DeadlineVerdict,
+    Outcome,
+    Plan,
+    PlanTrigger,
+    Request,
+    RouteReason,
+    Strategy,
+    Timeliness,
+)
 from argusdiff.latency import scaled_profile
 from argusdiff.policies.argus import Argus, ArgusOptions
 from argusdiff.policies.base import PolicyError, RouteView, require, select_worker
@@ -164,7 +175,7 @@ class ArgusPlus(Argus, name="argus+", family="ac"):
         profile = self.profile
         affinity = self.shares_for(profile, stats)
         demand = self.demand_qpm(stats)
-        if stats.reason == "period":
+        if stats.reason is PlanTrigger.PERIOD:
             self._tiers = tier_mix(self._tiers, stats.tier_arrivals)
             if stats.cache_hit_rate is not None:
                 self._hit_rate = float(stats.cache_hit_rate)
@@ -322,7 +333,11 @@ class ArgusPlus(Argus, name="argus+", family="ac"):
             return a
         w = select_worker(r.workers[k], view, self._lat[k])
         return Assignment(
-            level=plan.levels[k], worker=w, optimal_level=a.optimal_level, reason="cache miss: smaller model"
+            level=plan.levels[k],
+            worker=w,
+            optimal_level=a.optimal_level,
+            reason="cache miss: smaller model",
+            cause=RouteReason.CACHE_MISS,
         )
 
     def route(self, request: Request, plan: Plan, view: RouteView) -> Assignment:
@@ -385,6 +400,8 @@ class ArgusPlus(Argus, name="argus+", family="ac"):
                     optimal_level=a.optimal_level,
                     reason="deadline: moved to a faster level",
                     verdict=DeadlineVerdict(Timeliness.ESCALATED, fk, deadline),
+                    outcome=Outcome.ESCALATED,
+                    cause=RouteReason.DEADLINE_MOVED,
                 )
         # late on every level: best effort at the fastest level this prompt can use that has
         # workers (on AC a cache miss runs at K = 0 anyway), on the worker that frees first
@@ -407,4 +424,5 @@ class ArgusPlus(Argus, name="argus+", family="ac"):
             best_effort=True,
             reason="deadline cannot be met",
             verdict=DeadlineVerdict(Timeliness.LATE, fk, deadline),
+            cause=RouteReason.DEADLINE_LATE,
         )

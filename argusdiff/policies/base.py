@@ -19,7 +19,7 @@ import abc
 import math
 from bisect import bisect_right
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Any, ClassVar
 
@@ -29,10 +29,12 @@ from argusdiff.domain import (
     Assignment,
     ClusterStats,
     Delivery,
+    Outcome,
     Plan,
     Profile,
     Refusal,
     Request,
+    RouteReason,
     Strategy,
     level_catalogue,
 )
@@ -342,9 +344,14 @@ class Policy(abc.ABC):
 
     def route_heavy(self, request: Request, plan: Plan, view: RouteView) -> Assignment:
         """A cascade deferral (the light image was rejected): the heavy level and worker that redo
-        it, a drop, or ``level=None`` without ``dropped``: the light image is the answer. Default
-        (a policy that does not cascade): the light image."""
-        return Assignment(level=None, reason="the policy does not cascade: light image returned")
+        it, a drop, or :attr:`~argusdiff.domain.Outcome.KEPT`: the light image is the answer.
+        Default (a policy that does not cascade): the light image."""
+        return Assignment(
+            level=None,
+            reason="the policy does not cascade: light image returned",
+            outcome=Outcome.KEPT,
+            cause=RouteReason.NO_HEAVY,
+        )
 
     # ---- the data path's entry points (the simulator and the live router call these) -------
 
@@ -355,9 +362,10 @@ class Policy(abc.ABC):
 
     def decide_heavy(self, request: Request, plan: Plan, view: RouteView) -> Assignment:
         """One cascade deferral's decision: :meth:`route_heavy`, then the request's quality floor
-        and models."""
+        and models; a level that redoes it makes it :attr:`~argusdiff.domain.Outcome.DEFERRED`."""
         a = self.at_least(request, plan, view, self.route_heavy(request, plan, view))
-        return self.within_models(request, plan, view, a)
+        a = self.within_models(request, plan, view, a)
+        return replace(a, outcome=Outcome.DEFERRED) if a.level is not None else a
 
     def within_models(self, request: Request, plan: Plan, view: RouteView, a: Assignment) -> Assignment:
         """``a``, or, when the request may only be served by some models (``request.models``: a LoRA
@@ -382,7 +390,12 @@ class Policy(abc.ABC):
                 served.append((level, workers))
         if not served:
             return Assignment(
-                level=None, optimal_level=a.optimal_level, refusal=Refusal.MODELS_UNSERVED, reason=MODELS_UNSERVED
+                level=None,
+                optimal_level=a.optimal_level,
+                refusal=Refusal.MODELS_UNSERVED,
+                reason=MODELS_UNSERVED,
+                outcome=Outcome.REFUSED,
+                cause=RouteReason.ADAPTER,
             )
         want = chosen.quality - 1e-12 if chosen is not None else float("inf")
         good = [x for x in served if x[0].quality >= want]
@@ -393,6 +406,7 @@ class Policy(abc.ABC):
             optimal_level=a.optimal_level,
             best_effort=a.best_effort,
             reason="adapter's model",
+            cause=RouteReason.ADAPTER,
         )
 
     def at_least(self, request: Request, plan: Plan, view: RouteView, a: Assignment) -> Assignment:
@@ -421,8 +435,16 @@ class Policy(abc.ABC):
                     optimal_level=a.optimal_level,
                     best_effort=a.best_effort,
                     reason="minimum quality level",
+                    cause=RouteReason.QUALITY_FLOOR,
                 )
-        return Assignment(level=None, optimal_level=a.optimal_level, refusal=Refusal.FLOOR_UNMET, reason=FLOOR_UNMET)
+        return Assignment(
+            level=None,
+            optimal_level=a.optimal_level,
+            refusal=Refusal.FLOOR_UNMET,
+            reason=FLOOR_UNMET,
+            outcome=Outcome.REFUSED,
+            cause=RouteReason.QUALITY_FLOOR,
+        )
 
     def on_served(self, level_id: str, latency_s: float, ok: bool) -> None:  # noqa: B027 - optional hook
         """Feedback after a request finished (``ok``: within its SLO). Default: nothing."""

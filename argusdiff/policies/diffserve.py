@@ -25,7 +25,17 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from argusdiff.domain import Assignment, ClusterStats, Plan, Refusal, Request, Strategy
+from argusdiff.domain import (
+    Assignment,
+    ClusterStats,
+    Outcome,
+    Plan,
+    PlanTrigger,
+    Refusal,
+    Request,
+    RouteReason,
+    Strategy,
+)
 from argusdiff.policies.base import CommonOptions, Policy, PolicyError, RouteView, require, select_worker
 from solver.cascade import solve_cascade
 
@@ -111,7 +121,7 @@ class DiffServe(Policy, name="diffserve", family="cascade"):
 
     def demand_qpm(self, stats: ClusterStats) -> float:
         """The demand estimate (QPM, before the margin), refreshed with each period's arrivals."""
-        if stats.reason == "period":
+        if stats.reason is PlanTrigger.PERIOD:
             self.demand.observe_stats(stats)
         return float(self.demand.estimate)
 
@@ -251,7 +261,9 @@ class DiffServe(Policy, name="diffserve", family="cascade"):
     def _send(self, request: Request, plan: Plan, view: RouteView, level) -> Assignment:
         workers = self._workers_of(plan)[level.id]
         if not workers:
-            return Assignment(level=level.id, worker=None, reason=f"no {level.id} worker: waits")
+            return Assignment(
+                level=level.id, worker=None, reason=f"no {level.id} worker: waits", cause=RouteReason.NO_WORKER
+            )
         b = plan.batch_sizes.get(level.id, 1)
         w = select_worker(workers, view, level.latency(b) / b)
         wait = max(0.0, view.busy_until.get(w, view.now_s) - view.now_s)
@@ -259,7 +271,14 @@ class DiffServe(Policy, name="diffserve", family="cascade"):
         runtime = level.latency(b) if wait > 0 else level.latency(1)
         slo = request.slo_s if request.slo_s is not None else self.slo_s
         if (view.now_s - request.arrival_s) + wait + runtime > self.options.drop_factor * slo:
-            return Assignment(level=None, worker=w, refusal=Refusal.POLICY, reason="predicted to miss 1.5 x SLO")
+            return Assignment(
+                level=None,
+                worker=w,
+                refusal=Refusal.POLICY,
+                reason="predicted to miss 1.5 x SLO",
+                outcome=Outcome.DROPPED,
+                cause=RouteReason.PREDICTED_LATE,
+            )
         return Assignment(level=level.id, worker=w)
 
     def route(self, request: Request, plan: Plan, view: RouteView) -> Assignment:
@@ -269,7 +288,12 @@ class DiffServe(Policy, name="diffserve", family="cascade"):
         """A deferred query; with no heavy worker in the current plan the light image is returned
         (``level=None`` without ``dropped``)."""
         if not self._workers_of(plan)[self.heavy.id]:
-            return Assignment(level=None, reason="no heavy worker: light image returned")
+            return Assignment(
+                level=None,
+                reason="no heavy worker: light image returned",
+                outcome=Outcome.KEPT,
+                cause=RouteReason.NO_HEAVY,
+            )
         return self._send(request, plan, view, self.heavy)
 
 

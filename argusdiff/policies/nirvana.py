@@ -8,7 +8,7 @@ the load — and the load is spread uniformly over the workers.
 
 from __future__ import annotations
 
-from argusdiff.domain import Assignment, ClusterStats, Delivery, Plan, Request, Strategy
+from argusdiff.domain import Assignment, ClusterStats, Delivery, Plan, Request, RouteReason, Strategy
 from argusdiff.policies.base import Policy, PolicyError, RouteView
 from cache.policy import CachePolicy, k_for_similarity
 
@@ -51,6 +51,8 @@ class Nirvana(Policy, name="nirvana", family="ac"):
         k = k_for_similarity(sim) if (sim is not None and view.cache_healthy) else 0
         workers = list(plan.assignment)
         if not workers:
-            return Assignment(level=self.level_for_k(k), worker=None, reason="no worker in the plan")
+            return Assignment(
+                level=self.level_for_k(k), worker=None, reason="no worker in the plan", cause=RouteReason.NO_WORKER
+            )
         w = workers[int(self.rng.integers(len(workers)))]
         return Assignment(level=self.level_for_k(k), worker=w)

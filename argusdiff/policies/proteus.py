@@ -11,7 +11,7 @@ knobs, their sources and the departures from the Proteus artifact.
 
 from __future__ import annotations
 
-from argusdiff.domain import Assignment, Delivery, Plan, Request, Strategy
+from argusdiff.domain import Assignment, Delivery, Plan, Request, RouteReason, Strategy
 from argusdiff.policies.argus import Pac
 from argusdiff.policies.base import RouteView
 
@@ -32,6 +32,8 @@ class Proteus(Pac, name="proteus", family="sm"):
         j = r.sample(0, self.rng.random())
         workers = r.workers[j]
         if not workers:
-            return Assignment(level=plan.levels[j], worker=None, reason="no worker in the plan")
+            return Assignment(
+                level=plan.levels[j], worker=None, reason="no worker in the plan", cause=RouteReason.NO_WORKER
+            )
         worker = workers[int(self.rng.integers(len(workers)))] if len(workers) > 1 else workers[0]
         return Assignment(level=plan.levels[j], worker=worker)

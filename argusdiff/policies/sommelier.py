@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from argusdiff.domain import Assignment, ClusterStats, Delivery, Plan, Request, Strategy
+from argusdiff.domain import Assignment, ClusterStats, Delivery, Plan, PlanTrigger, Request, RouteReason, Strategy
 from argusdiff.policies.base import Policy, RouteView, uniform_pasm
 from argusdiff.policies.state import import_mapping
 
@@ -55,7 +55,7 @@ class Sommelier(Policy, name="sommelier", family="sm"):
         start = stats.now_s - period
         margin = self.predictor_spec.margin
         sent: dict[str, list[float]] = {}
-        if stats.reason == "period":
+        if stats.reason is PlanTrigger.PERIOD:
             while True:
                 try:
                     w, t = self.sent.popleft()
@@ -66,7 +66,7 @@ class Sommelier(Policy, name="sommelier", family="sm"):
             pred = self.worker_demand.get(w)
             if pred is None:
                 pred = self.worker_demand[w] = self.new_demand_predictor()
-            if stats.reason == "period":
+            if stats.reason is PlanTrigger.PERIOD:
                 times = sent.get(w, [])
                 bins = [0] * nb
                 for t in times:
@@ -98,7 +98,9 @@ class Sommelier(Policy, name="sommelier", family="sm"):
     def route(self, request: Request, plan: Plan, view: RouteView) -> Assignment:
         workers = [w for w in plan.assignment if plan.assignment[w] is not None]
         if not workers:
-            return Assignment(level=self.profile.best.id, worker=None, reason="no worker in the plan")
+            return Assignment(
+                level=self.profile.best.id, worker=None, reason="no worker in the plan", cause=RouteReason.NO_WORKER
+            )
         w = workers[int(self.rng.integers(len(workers)))]
         self.sent.append((w, view.now_s))
         return Assignment(level=plan.assignment[w], worker=w)

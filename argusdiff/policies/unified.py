@@ -31,7 +31,18 @@ from typing import Any
 import numpy as np
 
 from argusdiff.deadline import deadline_s, earliest_finish
-from argusdiff.domain import Assignment, ClusterStats, DeadlineVerdict, Plan, Profile, Request, Strategy, Timeliness
+from argusdiff.domain import (
+    Assignment,
+    ClusterStats,
+    DeadlineVerdict,
+    Outcome,
+    Plan,
+    Profile,
+    Request,
+    RouteReason,
+    Strategy,
+    Timeliness,
+)
 from argusdiff.latency import scaled_profile
 from argusdiff.policies.base import RouteView, select_worker
 from cache.policy import k_for_similarity
@@ -323,7 +334,7 @@ def route_unified(policy: Any, r: UnifiedRouting, request: Request, view: RouteV
     j = r.draw(row, tier, policy.rng.random())
     pool = r.pools(tier)
     if not pool[j]:
-        return Assignment(level=r.levels[j], worker=None, reason="no worker in the plan")
+        return Assignment(level=r.levels[j], worker=None, reason="no worker in the plan", cause=RouteReason.NO_WORKER)
     hit_ok = True
     if any(r.needs_hit):
         sim = view.cache_similarity
@@ -365,6 +376,8 @@ def route_unified(policy: Any, r: UnifiedRouting, request: Request, view: RouteV
             optimal_level=view.optimal_level,
             reason="deadline: moved to another path",
             verdict=DeadlineVerdict(Timeliness.ESCALATED, finish, deadline),
+            outcome=Outcome.ESCALATED,
+            cause=RouteReason.DEADLINE_MOVED,
         )
     # late on every path: best effort on the path that finishes first (its own on a tie)
     finish, k, wk = (finish_j, j, w) if first is None or finish_j <= first[0] else first
@@ -375,6 +388,7 @@ def route_unified(policy: Any, r: UnifiedRouting, request: Request, view: RouteV
         best_effort=True,
         reason="deadline cannot be met",
         verdict=DeadlineVerdict(Timeliness.LATE, finish, deadline),
+        cause=RouteReason.DEADLINE_LATE,
     )
 
 
@@ -385,17 +399,29 @@ def route_heavy_unified(policy: Any, r: UnifiedRouting, request: Request, plan: 
         light = next(iter(plan.cascades))
     heavy = plan.cascades.get(light) if light is not None else None
     if heavy is None or heavy not in r.index:
-        return Assignment(level=None, reason="no heavy level for this light level: light image returned")
+        return Assignment(
+            level=None,
+            reason="no heavy level for this light level: light image returned",
+            outcome=Outcome.KEPT,
+            cause=RouteReason.NO_HEAVY,
+        )
     k = r.index[heavy]
     o = policy.options
     pool = r.pools(str(request.tier) if o.tiers else None)[k]
     if not pool:
-        return Assignment(level=None, reason="no heavy worker: light image returned")
+        return Assignment(
+            level=None, reason="no heavy worker: light image returned", outcome=Outcome.KEPT, cause=RouteReason.NO_HEAVY
+        )
     if not o.admission:
         return Assignment(level=heavy, worker=select_worker(pool, view, r.lat[k]))
     slo = request.slo_s if (o.tiers and request.slo_s is not None) else policy.slo_s
     deadline = deadline_s(request.arrival_s, slo, view.deadline_factor)
     w, finish = earliest_finish(pool, view.busy_until, view.now_s, r.lat[k])
     if finish > deadline:
-        return Assignment(level=None, reason="the heavy run would miss the deadline: light image returned")
+        return Assignment(
+            level=None,
+            reason="the heavy run would miss the deadline: light image returned",
+            outcome=Outcome.KEPT,
+            cause=RouteReason.HEAVY_LATE,
+        )
     return Assignment(level=heavy, worker=w, verdict=DeadlineVerdict(Timeliness.ON_TIME, finish, deadline))

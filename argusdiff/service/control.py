@@ -25,7 +25,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from argusdiff.domain import TIER_PRIORITY, Plan, Strategy
+from argusdiff.domain import TIER_PRIORITY, Plan, PlanTrigger, Strategy
 from argusdiff.period import PeriodStats, cluster_stats
 from argusdiff.service.cluster import ClusterRouterView
 from argusdiff.service.dispatch import stop_task
@@ -188,7 +188,7 @@ class ControlLoop:
             now_s=now,
             period_s=elapsed,
             bin_s=bin_length_s(self.policy.predictor_spec),
-            reason="period" if elapsed_s is None else "replan",
+            reason=PlanTrigger.PERIOD if elapsed_s is None else PlanTrigger.REPLAN,
             workers=workers,
             queue_lengths=view_q,
             current=current,

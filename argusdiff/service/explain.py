@@ -4,7 +4,7 @@ PASM row for that reading) and the policy's own rules made of it."""
 
 from __future__ import annotations
 
-from argusdiff.domain import Assignment, Plan
+from argusdiff.domain import Assignment, Plan, RouteReason
 
 __all__ = ["explain"]
 
@@ -28,7 +28,7 @@ def explain(
         first = "no prompt classifier: the prompt counts as needing the best level"
     else:
         first = f"the prompt classifier{f' ({classifier})' if classifier else ''} puts this prompt at {optimal}"
-    if assignment.reason:
+    if assignment.cause is not RouteReason.PLAN:
         return f"{first}; {assignment.reason}: {level}"
     levels = plan.levels
     if level not in levels:

@@ -105,6 +105,13 @@ class ServiceMetrics:
             ["reason"],
             registry=r,
         )
+        self.routed = Counter(
+            "argusdiff_routed",
+            "The policy's decisions, per image on arrival and per cascade deferral: outcome (served, escalated, "
+            "deferred, kept, refused, dropped) and cause (plan, or the rule that moved it)",
+            ["outcome", "cause"],
+            registry=r,
+        )
         self.queue_errors = Counter(
             "argusdiff_queue_errors",
             "Requests refused because the queue (Redis) failed or is unreachable, and outages the results listener saw",

@@ -30,10 +30,12 @@ from argusdiff.domain import (
     ApproxLevel,
     Assignment,
     Delivery,
+    Outcome,
     Plan,
     Profile,
     Refusal,
     Request,
+    RouteReason,
     Tier,
     level_catalogue,
     tier_rank,
@@ -437,7 +439,8 @@ class Router:
             )
             with tracing.span("route", **{"argusdiff.optimal_level": optimal or ""}):
                 assignment = self.policy.decide(request, plan, self.view(now, plan, optimal, slo, similarity))
-            if assignment.dropped or assignment.level is None:
+            self.metrics.routed.labels(assignment.outcome.value, assignment.cause.value).inc()
+            if not assignment.taken:
                 if assignment.refusal is Refusal.MODELS_UNSERVED:
                     self.metrics.requests.labels("none", "rejected").inc(spec.n)
                     raise ApiError(
@@ -689,13 +692,20 @@ class Router:
         )
         plan = self.plan
         if plan is None:
-            assignment = Assignment(level=None, reason="no plan: light image returned")
+            assignment = Assignment(
+                level=None, reason="no plan: light image returned", outcome=Outcome.KEPT, cause=RouteReason.NO_HEAVY
+            )
         else:
             view = self.view(now, plan, None, slo)
             view.deferred_from = item.meta.get("deferred_from") or result.level  # which pair's heavy level
             assignment = self.policy.decide_heavy(request, plan, view)
+        self.metrics.routed.labels(assignment.outcome.value, assignment.cause.value).inc()
         light = replace(result, handoff=None)
-        if assignment.dropped:
+        if assignment.outcome is Outcome.KEPT:
+            self.handoffs["kept"] += 1
+            self.metrics.cascade_handoffs.labels("kept").inc()
+            return None, light
+        if not assignment.taken:
             self.handoffs["dropped"] += 1
             self.metrics.cascade_handoffs.labels("dropped").inc()
             return None, replace(
@@ -706,10 +716,6 @@ class Router:
                 error_type=DROPPED,
                 deferred=True,
             )
-        if assignment.level is None:
-            self.handoffs["kept"] += 1
-            self.metrics.cascade_handoffs.labels("kept").inc()
-            return None, light
         self.handoffs["heavy"] += 1
         self.metrics.cascade_handoffs.labels("heavy").inc()
         worker = assignment.worker if self.per_worker else None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from argusdiff.domain import ClusterStats, Plan
+from argusdiff.domain import ClusterStats, Plan, PlanTrigger
 from argusdiff.errors import ConfigError
 from argusdiff.period import PeriodStats, cluster_stats
 
@@ -25,7 +25,7 @@ class ControlPath:
         arrivals: int,
         recent: np.ndarray,
         times: np.ndarray,
-        reason: str = "period",
+        reason: PlanTrigger = PlanTrigger.PERIOD,
         tiers: np.ndarray | None = None,
     ) -> ClusterStats:
         """What the policy sees at ``t``: ``recent`` the prompt indices and ``times`` the arrival
@@ -62,7 +62,7 @@ class ControlPath:
             lv = self.wlevel[self.widx[w]]
             if lv is not None:
                 level_queue[lv] = level_queue.get(lv, 0) + queue_lengths[w]
-        if reason == "period":
+        if reason is PlanTrigger.PERIOD:
             tier_arrivals: dict[str, int] = {}
             if tiers is not None and len(tiers):
                 counts = np.bincount(tiers, minlength=len(self.tier_names))

@@ -81,6 +81,7 @@ from argusdiff.domain import (
     ApproxLevel,
     Delivery,
     Plan,
+    PlanTrigger,
     Profile,
     Request,
     Strategy,
@@ -435,7 +436,7 @@ class Simulator(ModelResidency, WorkerService, EventHandling, ControlPath):
                         more = heapq.heappop(heap)
                         fresh = fresh or (self.up[more[3]] and self.resident[more[3]].get(more[4]) == more[0])
                     if fresh:
-                        stats = self._stats(ev[0], period, 0, pidx[:0], arr[:0], reason="loaded")
+                        stats = self._stats(ev[0], period, 0, pidx[:0], arr[:0], reason=PlanTrigger.LOADED)
                         plan = policy.plan(stats)
                         self._apply(plan, ev[0], False)
                         cur_ids = plan.levels
@@ -459,7 +460,7 @@ class Simulator(ModelResidency, WorkerService, EventHandling, ControlPath):
                 view.cache_similarity = self.similarity(p) if up_cache else None
             req = self._request(i, p)
             a = route(req, plan, view)
-            if a.dropped or a.level is None:
+            if not a.taken:
                 self.status[i] = DROPPED
             elif admission is not None and not self._admit(i, a.level, plan, t, a.verdict).admitted:
                 self.status[i] = DROPPED

@@ -10,7 +10,7 @@ import heapq
 from typing import Any
 
 from argusdiff.admission import ADMITTED, Decision
-from argusdiff.domain import Plan, Strategy
+from argusdiff.domain import Outcome, Plan, Strategy
 from argusdiff.simulator.state import BIG_QUEUE, DROPPED, INF, PENDING, SERVED
 
 __all__ = ["EventHandling"]
@@ -99,7 +99,7 @@ class EventHandling:
             view.cache_similarity = self.similarity(p) if up_cache else None
         req = self._request(i, p)
         a = self.policy.decide(req, plan, view)
-        if a.dropped or a.level is None:
+        if not a.taken:
             self.status[i] = DROPPED
             return
         self._serve(i, p, t, a.level, plan, stage=0, worker=a.worker)
@@ -214,10 +214,10 @@ class EventHandling:
         view.deferred_from = light  # which pair's heavy level the policy picks
         a = self.policy.decide_heavy(req, plan, view)
         view.deferred_from = None
-        if a.level is None and not a.dropped:
+        if a.outcome is Outcome.KEPT:
             return  # the policy keeps the light image
         self.deferred[i] = True
-        if a.dropped or a.level is None:
+        if not a.taken:
             self.status[i] = DROPPED
             self.level_arr[i] = -1
             return
