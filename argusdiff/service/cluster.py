@@ -23,12 +23,19 @@ import os
 import socket
 import time
 from collections import Counter
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import RedisError
 
 from argusdiff.period import PeriodStats
 from argusdiff.service.transport.redis_client import control_prefix
+
+if TYPE_CHECKING:
+    from argusdiff.domain import Plan, Profile
+    from argusdiff.policies.base import Policy, RouteView
+    from argusdiff.service.health import CacheHealth
+    from argusdiff.service.router import Router
 
 __all__ = [
     "ClusterBus",
@@ -155,15 +162,22 @@ class ClusterBus:
 
 class ClusterCacheHealth:
     """The routers' cache-health windows combined, as :class:`~argusdiff.service.health.CacheHealth`
-    reads (median latency weighted by samples, error share over all samples)."""
+    reads (median latency weighted by samples, error share over all samples): what the leader's
+    control loop reads and its probes write (:class:`~argusdiff.service.ports.ControlCacheHealth`).
+    Samples are recorded in this router's window; the others' come with their heartbeats."""
 
-    def __init__(self, local: Any) -> None:
+    def __init__(self, local: CacheHealth) -> None:
         self.local = local
         self.peers: list[dict] = []
         self.reset_pending = False
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.local, name)
+    @property
+    def latency_limit_s(self) -> float:
+        return self.local.latency_limit_s
+
+    @property
+    def error_limit(self) -> float:
+        return self.local.error_limit
 
     def _windows(self) -> list[dict]:
         return [summarize_health(self.local), *self.peers]
@@ -205,7 +219,7 @@ class ClusterCacheHealth:
         self.reset_pending = True
 
 
-def summarize_health(health: Any) -> dict[str, Any]:
+def summarize_health(health: CacheHealth) -> dict[str, Any]:
     n = int(health.samples)
     return {
         "samples": n,
@@ -217,29 +231,69 @@ def summarize_health(health: Any) -> dict[str, Any]:
 
 
 class ClusterRouterView:
-    """The router as the leader's control loop sees it: the local router, except that queue
-    lengths count every router's in-flight requests and cache health combines every router's
-    window. Everything else is the local router's."""
+    """The router as the leader's control loop sees it
+    (:class:`~argusdiff.service.ports.ControlledRouter`), member by member: the policy, the
+    profile, the period's traffic, the plan handed back and the metrics' in-flight counts are the
+    local router's; the queues behind the view count every router's in-flight requests and the
+    cache's health combines every router's window. Nothing else of the router shows through: a new
+    observation the control loop reads is a member of the protocol, implemented here too."""
 
-    def __init__(self, router: Any, bus: ClusterBus) -> None:
-        object.__setattr__(self, "_router", router)
-        object.__setattr__(self, "_bus", bus)
-        object.__setattr__(self, "cache_health", ClusterCacheHealth(router.cache_health))
-        object.__setattr__(self, "_peer_load", Counter())
-        object.__setattr__(self, "_epoch", None)
+    def __init__(self, router: Router, bus: ClusterBus) -> None:
+        self._router = router
+        self._bus = bus
+        self.cache_health = ClusterCacheHealth(router.cache_health)
+        self._peer_load: Counter[str] = Counter()
+        self._epoch: int | None = None
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._router, name)
+    # -- the local router's ---------------------------------------------------------------------
 
     @property
-    def level_load(self) -> Counter:
+    def policy(self) -> Policy:
+        return self._router.policy
+
+    @property
+    def profile(self) -> Profile:
+        return self._router.profile
+
+    @property
+    def per_worker(self) -> bool:
+        return self._router.per_worker
+
+    @property
+    def tier_load(self) -> Mapping[tuple[str, int], int]:
+        """This router's in-flight images per (level, tier rank): its own queue-depth metrics."""
+        return self._router.tier_load
+
+    def take_period(self) -> PeriodStats:
+        """This router's period (the leader adds the others' counts: ``ClusterBus.flush_and_drain``)."""
+        return self._router.take_period()
+
+    def give_back(self, period: PeriodStats) -> None:
+        self._router.give_back(period)
+
+    def latency_scales(self) -> dict[str, float]:
+        return self._router.latency_scales()
+
+    def set_plan(self, plan: Plan, up: frozenset[str]) -> None:
+        self._router.set_plan(plan, up)
+
+    # -- the cluster's --------------------------------------------------------------------------
+
+    @property
+    def level_load(self) -> Counter[str]:
+        """Every router's in-flight images per level."""
         return self._router.level_load + self._peer_load
 
-    def view(self, *args: Any, **kwargs: Any) -> Any:
-        # Router.view over this object: the same spread of load over workers, with every router's load
-        return type(self._router).view(self, *args, **kwargs)
+    def view(
+        self, now: float, plan: Plan, optimal: str | None, slo_s: float, similarity: float | None = None
+    ) -> RouteView:
+        """:meth:`Router.view` with every router's load and the combined cache health."""
+        return self._router.view(
+            now, plan, optimal, slo_s, similarity, level_load=self.level_load, cache_healthy=self.cache_health.healthy
+        )
 
     def summary(self) -> dict[str, Any]:
+        """This router's part of its heartbeat."""
         r = self._router
         return {
             "level_load": {lv: n for lv, n in r.level_load.items() if n},
@@ -253,25 +307,25 @@ class ClusterRouterView:
         """After a heartbeat (in a thread): the other routers' load and cache windows; a cache
         health reset requested by this router's probes goes out, one from another router comes in."""
         bus = self._bus
-        health: ClusterCacheHealth = self.cache_health
+        health = self.cache_health
         if health.reset_pending:
             health.reset_pending = False
-            object.__setattr__(self, "_epoch", bus.bump_health_epoch())
+            self._epoch = bus.bump_health_epoch()
         else:
             epoch = bus.health_epoch()
             if self._epoch is not None and epoch != self._epoch:
                 self._router.cache_health.reset()
-            object.__setattr__(self, "_epoch", epoch)
+            self._epoch = epoch
         peers = {rid: info for rid, info in bus.routers().items() if rid != bus.router_id}
         bus.peers = peers
-        load: Counter = Counter()
+        load: Counter[str] = Counter()
         windows = []
         for info in peers.values():
             load.update({lv: int(n) for lv, n in (info.get("level_load") or {}).items()})
             cache = info.get("cache") or {}
             if cache.get("epoch") == self._epoch and cache.get("samples"):
                 windows.append(cache)
-        object.__setattr__(self, "_peer_load", load)
+        self._peer_load = load
         health.peers = windows
 
 

@@ -27,11 +27,9 @@ from typing import Any
 
 from argusdiff.domain import TIER_PRIORITY, Plan, PlanTrigger, Strategy
 from argusdiff.period import PeriodStats, cluster_stats
-from argusdiff.service.cluster import ClusterRouterView
 from argusdiff.service.dispatch import stop_task
 from argusdiff.service.metrics import ServiceMetrics
-from argusdiff.service.ports import ControlQueue
-from argusdiff.service.router import Router
+from argusdiff.service.ports import ControlledRouter, ControlQueue
 from argusdiff.service.transport.protocol import ControlStore
 
 __all__ = ["ControlLoop"]
@@ -43,7 +41,7 @@ class ControlLoop:
     def __init__(
         self,
         *,
-        router: Router | ClusterRouterView,
+        router: ControlledRouter,
         store: ControlStore,
         queue: ControlQueue,
         metrics: ServiceMetrics,
@@ -170,7 +168,7 @@ class ControlLoop:
                 log.warning("queue depth of %s unavailable: %s", lv, exc)
         for lv, depth in level_queue.items():
             self.metrics.backlog.labels(lv).set(depth)
-        tier_load = getattr(self.router, "tier_load", None) or {}  # this router's in-flight images
+        tier_load = self.router.tier_load  # this router's in-flight images
         for lv in self.level_ids:
             for rank, tier in enumerate(TIER_PRIORITY):
                 self.metrics.queue_depth_tier.labels(lv, tier).set(tier_load.get((lv, rank), 0))
@@ -315,13 +313,13 @@ class ControlLoop:
             elapsed = None
         else:  # the last full period's rate; the current period keeps counting
             arrivals, elapsed = self._last_full
-            period = PeriodStats(arrivals, latency_scale=self.router.latency.scales())
+            period = PeriodStats(arrivals, latency_scale=self.router.latency_scales())
         try:
             plan = await asyncio.to_thread(self.step, period, elapsed, now_s=now)
         except Exception as exc:
             # keep the previous plan; give the period back so demand is not under-counted
             if full:
-                self.router.period.add(period)
+                self.router.give_back(period)
             self.last_error = f"{type(exc).__name__}: {exc}"
             log.warning("control tick failed: %s", self.last_error)
             return None

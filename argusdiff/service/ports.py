@@ -1,6 +1,8 @@
 """What the router and the control loop need of their collaborators, as typing protocols (no
 behaviour): the dispatch that carries work items and results, the prompt classifier, the cache's
-similarity view and the work queue as the control loop sees it. The implementations satisfy them
+similarity view, the work queue and the router as the control loop sees them (one router's, or a
+leader's view of the cluster's: :class:`argusdiff.service.cluster.ClusterRouterView`). The
+implementations satisfy them
 structurally; this module imports nothing of the service, so any module may name them without
 forming an import cycle (``argusdiff.service.dispatch`` itself imports the router through
 ``argusdiff.service.idempotency``).
@@ -9,14 +11,26 @@ forming an import cycle (``argusdiff.service.dispatch`` itself imports the route
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from workers.messages import WorkItem, WorkResult
 from workers.queue import WorkQueue
 
-__all__ = ["ControlQueue", "PromptClassifier", "PromptSimilarity", "RouterDispatch"]
+if TYPE_CHECKING:
+    from argusdiff.domain import Plan, Profile
+    from argusdiff.period import PeriodStats
+    from argusdiff.policies.base import Policy, RouteView
+
+__all__ = [
+    "ControlCacheHealth",
+    "ControlQueue",
+    "ControlledRouter",
+    "PromptClassifier",
+    "PromptSimilarity",
+    "RouterDispatch",
+]
 
 
 class RouterDispatch(Protocol):
@@ -63,3 +77,57 @@ class ControlQueue(WorkQueue, Protocol):
     def requeue_consumer(self, level_id: str, consumer: str) -> int: ...
 
     def drop_consumer(self, level_id: str, consumer: str) -> None: ...
+
+
+class ControlCacheHealth(Protocol):
+    """The cache's health as the control loop reads it and its probes write it
+    (:class:`argusdiff.service.health.CacheHealth`, or every router's combined:
+    :class:`argusdiff.service.cluster.ClusterCacheHealth`)."""
+
+    @property
+    def healthy(self) -> bool: ...
+
+    @property
+    def latency_limit_s(self) -> float: ...
+
+    def median_latency_s(self) -> float | None: ...
+
+    def error_rate(self) -> float: ...
+
+    def record(self, latency_s: float | None, *, error: bool = False, hit: bool | None = None) -> None: ...
+
+    def reset(self) -> None: ...
+
+
+class ControlledRouter(Protocol):
+    """Everything the control loop reads of the router and hands it
+    (:class:`argusdiff.service.control.ControlLoop`): the router itself, or the leader's view of
+    every router (:class:`argusdiff.service.cluster.ClusterRouterView`, which implements each member
+    explicitly; a new observation is a member here and there, or the type check fails)."""
+
+    @property
+    def policy(self) -> Policy: ...
+
+    @property
+    def profile(self) -> Profile: ...
+
+    @property
+    def per_worker(self) -> bool: ...
+
+    @property
+    def tier_load(self) -> Mapping[tuple[str, int], int]: ...
+
+    @property
+    def cache_health(self) -> ControlCacheHealth: ...
+
+    def take_period(self) -> PeriodStats: ...
+
+    def give_back(self, period: PeriodStats) -> None: ...
+
+    def latency_scales(self) -> dict[str, float]: ...
+
+    def view(
+        self, now: float, plan: Plan, optimal: str | None, slo_s: float, similarity: float | None = None
+    ) -> RouteView: ...
+
+    def set_plan(self, plan: Plan, up: frozenset[str]) -> None: ...

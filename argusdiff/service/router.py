@@ -20,6 +20,7 @@ import math
 import secrets
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -209,8 +210,16 @@ class Router:
     def take_period(self) -> PeriodStats:
         """The control period's traffic since the last call, with the latencies measured so far
         (event-loop thread); a new period begins. A period that could not be used goes back with
-        ``router.period.add(stats)``."""
-        return self.period.take(self.latency.scales())
+        :meth:`give_back`."""
+        return self.period.take(self.latency_scales())
+
+    def give_back(self, period: PeriodStats) -> None:
+        """A period the control loop could not use counts in the next one (event-loop thread)."""
+        self.period.add(period)
+
+    def latency_scales(self) -> dict[str, float]:
+        """Each measured level's latency / profiled (:meth:`argusdiff.latency.LatencyEstimator.scales`)."""
+        return self.latency.scales()
 
     def _arrived(self, now: float, n: int, tier: str = Tier.STANDARD.value) -> None:
         """Count ``n`` arrivals of ``tier`` at ``now`` as demand (admitted or refused)."""
@@ -218,8 +227,21 @@ class Router:
         self.period.forget_before(now - self._arrival_horizon_s)
 
     def view(
-        self, now: float, plan: Plan, optimal: str | None, slo_s: float, similarity: float | None = None
+        self,
+        now: float,
+        plan: Plan,
+        optimal: str | None,
+        slo_s: float,
+        similarity: float | None = None,
+        *,
+        level_load: Mapping[str, int] | None = None,
+        cache_healthy: bool | None = None,
     ) -> RouteView:
+        """What the policy observes routing under ``plan`` at ``now``: each worker's queue and busy
+        time from the in-flight images per level (``level_load``, default this router's) and the
+        cache's health (``cache_healthy``, default this router's window)."""
+        if level_load is None:
+            level_load = self.level_load
         per_level: dict[str, list[str]] = {}
         for w, lv in plan.assignment.items():
             if lv is not None:
@@ -232,11 +254,11 @@ class Router:
             # in flight on 4 workers, 2 are busy and 2 idle, as the simulator would see them), each
             # busy until its share is done in batches of up to the plan's batch size (the batch in
             # service half done on average: the router does not see batches start)
-            load = self.level_load.get(lv, 0)
+            load = level_load.get(lv, 0)
             level = self._levels.get(lv)
             # the AC levels no worker holds are pulled by these workers too (Plan.unserved_siblings):
             # their in-flight images join the share, each at its own latency
-            siblings = [(x, self.level_load.get(x, 0)) for x in plan.unserved_siblings(self._levels, lv)]
+            siblings = [(x, level_load.get(x, 0)) for x in plan.unserved_siblings(self._levels, lv)]
             sib_load = sum(n for _x, n in siblings)
             each, extra = divmod(load + sib_load, len(ws))
             b = max(1, int(plan.batch_sizes.get(lv, 1)))
@@ -262,7 +284,7 @@ class Router:
             up=self.up or frozenset(plan.assignment),
             optimal_level=optimal,
             cache_similarity=similarity,
-            cache_healthy=self.cache_health.healthy,
+            cache_healthy=self.cache_health.healthy if cache_healthy is None else cache_healthy,
             slo_s=slo_s,
             # one deadline for the policy's routing and admission (argusdiff.deadline)
             deadline_factor=self.admission.config.deadline_factor if self.admission.enabled else 1.0,
