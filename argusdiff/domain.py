@@ -522,6 +522,9 @@ class PlanTrigger(enum.StrEnum):
     LOADED = "loaded"
     #: a worker joined or died: a re-plan between periods, on the last full period's rate
     REPLAN = "replan"
+    #: a look inside the period (``Policy.check_s``): the period's arrivals so far, not yet
+    #: observed; the policy returns its current plan unchanged or re-plans on them
+    CHECK = "check"
 
 
 @dataclass(frozen=True, slots=True)

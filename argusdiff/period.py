@@ -160,16 +160,10 @@ class PeriodAccumulator:
         if stats.arrival_times:
             self.arrival_times[:0] = stats.arrival_times
 
-    def take(self, latency_scale: Mapping[str, float] | None = None, *, times: bool = True) -> PeriodStats:
-        """The period so far, as a value, and a new period begins. ``times=False``: its counts only;
-        the arrival times stay for the period's close (a router's counts going to the cluster's
-        between ticks)."""
-        if not times:
-            kept = self.arrival_times
-            out = replace(self.take(latency_scale), arrival_times=None)
-            self.arrival_times = kept
-            return out
-        out = PeriodStats(
+    def peek(self, latency_scale: Mapping[str, float] | None = None) -> PeriodStats:
+        """The period so far, as a value; the period goes on (a look inside it:
+        :attr:`~argusdiff.domain.PlanTrigger.CHECK`)."""
+        return PeriodStats(
             arrivals=self.arrivals,
             affinity=dict(self.affinity),
             level_arrivals=dict(self.level_arrivals),
@@ -179,6 +173,17 @@ class PeriodAccumulator:
             arrival_times=tuple(self.arrival_times),
             latency_scale=dict(latency_scale or {}),
         )
+
+    def take(self, latency_scale: Mapping[str, float] | None = None, *, times: bool = True) -> PeriodStats:
+        """The period so far, as a value, and a new period begins. ``times=False``: its counts only;
+        the arrival times stay for the period's close (a router's counts going to the cluster's
+        between ticks)."""
+        if not times:
+            kept = self.arrival_times
+            out = replace(self.take(latency_scale), arrival_times=None)
+            self.arrival_times = kept
+            return out
+        out = self.peek(latency_scale)
         self._clear()
         return out
 
@@ -197,13 +202,15 @@ def cluster_stats(
     workers, their queues, levels, loads and the cache's health, as :class:`ClusterStats` names
     them). A closed period's arrivals are binned for the demand predictor (``bin_s``; when its
     arrival times are all of its arrivals); ``with_cache``: whether the plan reads the cache's hit
-    rate (else None)."""
+    rate (else None). A look inside the period (``CHECK``) is binned alike, from the period's start.
+    """
     from argusdiff.predictors import arrival_bins
 
     bins: tuple[int, ...] = ()
     width = 0.0
     times = period.arrival_times
-    if reason is PlanTrigger.PERIOD and bin_s and times is not None and len(times) == period.arrivals:
+    closed = reason in (PlanTrigger.PERIOD, PlanTrigger.CHECK)
+    if closed and bin_s and times is not None and len(times) == period.arrivals:
         bins, width = arrival_bins(times, now_s - period_s, period_s, bin_s)
     return ClusterStats(
         now_s=now_s,

@@ -362,6 +362,24 @@ class DemandPredictor:
         """Add the period a :class:`argusdiff.domain.ClusterStats` describes."""
         return self.observe(stats.arrivals, stats.period_s, stats.arrival_bins, stats.bin_s)
 
+    def peek(self, stats: Any) -> float:
+        """The :attr:`estimate` (QPM) this predictor would read had it observed ``stats`` (a
+        period so far: :attr:`argusdiff.domain.PlanTrigger.CHECK`), without observing it."""
+        probe = DemandPredictor.__new__(DemandPredictor)
+        probe.spec = self.spec
+        probe._bins = deque(self._bins, maxlen=self._bins.maxlen)
+        probe._ewma = None
+        if self._ewma is not None:
+            e = self._ewma
+            probe._ewma = EwmaDemand(alpha=e.alpha, window=e.window)
+            probe._ewma._predicted = e._predicted
+            probe._ewma._history.extend(e._history)
+            probe._ewma.observations = e.observations
+        probe._pending = list(self._pending)
+        probe.observations = self.observations
+        probe.observe_stats(stats)
+        return probe.estimate
+
     # -- reading -----------------------------------------------------------------------------
 
     @property

@@ -13,6 +13,13 @@
 * ``measured`` — latencies learned online (:mod:`argusdiff.latency`): the plan sizes capacity with
   each level's measured batch time (the profile as the prior) and publishes it with the plan
   (``Plan.latency_scale``), which the routing and admission then judge deadlines with.
+* ``checks`` — re-planning inside the control period: every closed bin of the demand predictor
+  (``Policy.check_s``: the default ``peak`` reading's 10 s) the control path shows the policy the
+  period so far (:attr:`~argusdiff.domain.PlanTrigger.CHECK`); when the predictor, had the period
+  ended now, would read a demand outside ``replan_band`` of the one the current plan was made for
+  (plus one request per bin: the count's own noise), argus+ re-plans at once on that reading (a
+  burst's first bin, not its next minute); else it keeps its plan. The predictor still observes
+  each period once, at its end, so a period's plan reads what a check's plan read.
 * ``switch_aware`` — switch-cost-aware allocation: the allocation keeps the current worker→level
   mapping unless moving workers gains more than 2% expected quality (ARGUS re-solves from scratch:
   0.5% tolerance); this only matters where levels need different models (SM).
@@ -95,6 +102,8 @@ class ArgusPlusOptions(ArgusOptions):
     threshold_points: int | None = 21
     measured: bool = True
     pooled: bool = True
+    checks: bool = True
+    replan_band: float = 0.25
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -103,6 +112,7 @@ class ArgusPlusOptions(ArgusOptions):
             if bad or not self.paths:
                 raise PolicyError(f"option paths: choose among ac, sm, cascade, got {list(self.paths)}")
         require("first_tier_headroom", self.first_tier_headroom, lambda v: v > 0, "> 0")
+        require("replan_band", self.replan_band, lambda v: v > 0, "> 0")
         if self.threshold_points is not None:
             ok = lambda v: isinstance(v, int) and v >= 2  # noqa: E731
             require("threshold_points", self.threshold_points, ok, "an integer >= 2 (or None: every point)")
@@ -123,6 +133,7 @@ class ArgusPlus(Argus, name="argus+", family="ac"):
             "-switch": {"switch_aware": False},
             "-pooled": {"pooled": False},
             "-measured": {"measured": False},
+            "-checks": {"checks": False},
         }
     )
     # the unified plan with one kind of path (or the tiers) taken away
@@ -134,6 +145,8 @@ class ArgusPlus(Argus, name="argus+", family="ac"):
             # the system without tier awareness: the plan, and the simulated queues and admission
             # (``sim``: SimConfig fields of the run; the service always pulls by tier)
             "-tiers": {"tiers": False, "sim": {"tier_priority": False}},
+            # the plan made once a period only (no look inside it)
+            "-checks": {"checks": False},
         }
     )
     _cache_key: tuple[str, ...] | None = None
@@ -151,6 +164,12 @@ class ArgusPlus(Argus, name="argus+", family="ac"):
         self.cascade = self.unified and bool(profile.cascade_specs)  # the simulator hands deferrals back
         self._tiers: dict[str, float] = {}
         self._hit_rate = 1.0
+        bin_s = self.predictor_spec.bin_s
+        # the predictor's reading can change only when one of its bins closes: look then
+        self.check_s = bin_s if self.options.checks and bin_s < self.options.period_s else None
+        self._last_plan: Plan | None = None
+        self._demand_now: float | None = None  # the demand (QPM, no margin) the last plan was made for
+        self._probe = 0.0
 
     state_scalars = (*Argus.state_scalars, "_hit_rate")
 
@@ -165,6 +184,20 @@ class ArgusPlus(Argus, name="argus+", family="ac"):
         return self.plans_unified and bool(profile.cascades)
 
     def plan(self, stats: ClusterStats) -> Plan:
+        if stats.reason is PlanTrigger.CHECK and self._last_plan is not None and not self._moved(stats):
+            return self._last_plan
+        plan = self._plan(stats)
+        self._last_plan = plan
+        return plan
+
+    def _moved(self, stats: ClusterStats) -> bool:
+        """Whether demand left the current plan's band (``checks``): the predictor's reading had
+        the period ended now (kept for the re-plan) against the demand the plan was made for."""
+        self._probe = probe = float(self.demand.peek(stats))
+        base = self._demand_now or 0.0
+        return abs(probe - base) > self.options.replan_band * base + 60.0 / self.predictor_spec.bin_s
+
+    def _plan(self, stats: ClusterStats) -> Plan:
         if not self.unified:
             plan = super().plan(stats)
             scale = self._scale(stats)
@@ -205,7 +238,14 @@ class ArgusPlus(Argus, name="argus+", family="ac"):
         return route_heavy_unified(self, self._unified_routing(plan), request, plan, view)
 
     def demand_qpm(self, stats: ClusterStats) -> float:
-        predicted = super().demand_qpm(stats)
+        """ARGUS's estimate at a period's end; a check's re-plan plans for the check's reading, and
+        a re-plan between periods (a model loaded, a worker joined) for the latest of the two."""
+        if stats.reason is PlanTrigger.CHECK:
+            self._demand_now = predicted = self._probe
+        elif stats.reason is PlanTrigger.PERIOD or self._demand_now is None:
+            self._demand_now = predicted = super().demand_qpm(stats)
+        else:
+            predicted = self._demand_now
         if self.options.backlog and self.options.period_s > 0:
             # the requests waiting behind the one each worker has in service
             queued = sum(max(0, q - 1) for q in stats.queue_lengths.values())

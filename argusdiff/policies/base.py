@@ -256,6 +256,11 @@ class Policy(abc.ABC):
     delivery: ClassVar[Delivery] = Delivery.SHARED
     #: whether the control loop re-plans as soon as a model finishes loading (ARGUS §4.6)
     replans_on_load: ClassVar[bool] = False
+    #: how often the control path looks inside a period (seconds; None: never): every ``check_s``
+    #: between two period ends the simulator and the live control loop call ``plan()`` with a
+    #: :attr:`~argusdiff.domain.PlanTrigger.CHECK` stats of the period so far, and apply what it
+    #: returns unless it is the plan it returned last (the same object); an instance attribute
+    check_s: float | None = None
     #: whether the policy switches an AC profile to a smaller-model fallback profile when the cache
     #: degrades (ARGUS §4.6; option ``fallback``): the replay hands it its smaller-model profile
     uses_fallback: ClassVar[bool] = False

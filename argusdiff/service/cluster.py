@@ -108,6 +108,12 @@ class ClusterBus:
             pipe.hincrby(self.stats_key, fields[i], fields[i + 1])
         pipe.execute()
 
+    def peek(self) -> PeriodStats:
+        """Every router's counts flushed since the last drain, left in place (a look inside the
+        period)."""
+        raw = self.r.hgetall(self.stats_key) or {}
+        return PeriodStats.from_counts((_text(k), int(v)) for k, v in raw.items())
+
     def flush_and_drain(self, period: PeriodStats) -> PeriodStats:
         """Add ``period`` and take every router's counts since the last drain, atomically (counts
         only: no arrival times, no latencies)."""
@@ -267,6 +273,10 @@ class ClusterRouterView:
     def take_period(self) -> PeriodStats:
         """This router's period (the leader adds the others' counts: ``ClusterBus.flush_and_drain``)."""
         return self._router.take_period()
+
+    def peek_period(self) -> PeriodStats:
+        """This router's period so far (the leader adds the others' counts: ``ClusterBus.peek``)."""
+        return self._router.peek_period()
 
     def give_back(self, period: PeriodStats) -> None:
         self._router.give_back(period)

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -80,6 +81,7 @@ class ControlLoop:
         self._task: asyncio.Task | None = None
         self._wake = asyncio.Event()
         self._next_tick = 0.0  # when the next full tick is due (monotonic clock)
+        self._policy_plan: Plan | None = None  # what the policy's plan() returned last
 
     # -- one period ------------------------------------------------------------------------
 
@@ -137,17 +139,23 @@ class ControlLoop:
             for _ in range(self.probe_burst):
                 health.record(0.0)
 
-    def step(self, period: PeriodStats, elapsed_s: float | None = None, *, now_s: float | None = None) -> Plan:
+    def step(
+        self, period: PeriodStats, elapsed_s: float | None = None, *, now_s: float | None = None, check: bool = False
+    ) -> Plan | None:
         """The synchronous part of a tick (runs in a thread: Redis calls, the solver).
 
         ``elapsed_s`` given: an early re-plan (a worker joined or died) that repeats the last full
         period's arrival rate instead of measuring a partial period. Else the period ends at
         ``now_s`` (the tick's time, default now), and the period's arrival times are binned for the
-        demand predictor as the simulator bins them (:func:`argusdiff.period.cluster_stats`)."""
+        demand predictor as the simulator bins them (:func:`argusdiff.period.cluster_stats`).
+        ``check``: a look inside the period (``Policy.check_s``): ``period`` is the period so far,
+        which goes on; returns None (nothing published) when the policy keeps its plan."""
         from argusdiff.predictors import bin_length_s
 
         now = self.clock() if now_s is None else now_s
-        if elapsed_s is None:
+        if check:
+            elapsed = max(1e-3, now - self.last_tick)
+        elif elapsed_s is None:
             elapsed = max(1e-3, now - self.last_tick)
             self.last_tick = now
         else:
@@ -186,7 +194,7 @@ class ControlLoop:
             now_s=now,
             period_s=elapsed,
             bin_s=bin_length_s(self.policy.predictor_spec),
-            reason=PlanTrigger.PERIOD if elapsed_s is None else PlanTrigger.REPLAN,
+            reason=PlanTrigger.CHECK if check else PlanTrigger.PERIOD if elapsed_s is None else PlanTrigger.REPLAN,
             workers=workers,
             queue_lengths=view_q,
             current=current,
@@ -197,8 +205,11 @@ class ControlLoop:
             resident=resident,
         )
         plan = self.policy.plan(stats)
+        if check and plan is self._policy_plan:
+            return None  # the policy keeps its plan
+        self._policy_plan = plan
         plan.validate()
-        if elapsed_s is None:
+        if elapsed_s is None and not check:
             self._last_full = (period.arrivals, elapsed)
         self._version = max(self._version + 1, plan.version)
         plan = dataclasses.replace(plan, version=self._version)
@@ -294,6 +305,39 @@ class ControlLoop:
 
     # -- the loop --------------------------------------------------------------------------
 
+    @property
+    def check_s(self) -> float | None:
+        """How often the loop looks inside a period for the policy (``Policy.check_s``; None: never)."""
+        c = self.policy.check_s
+        return c if c and c < self.period_s else None
+
+    async def check(self) -> Plan | None:
+        """A look inside the period for the policy (``Policy.check_s``): the period so far, which
+        goes on counting; a new plan is published only when the policy makes one."""
+        period = self.router.peek_period()
+        try:
+            plan = await asyncio.to_thread(self.step, period, None, check=True)
+        except Exception as exc:
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            log.warning("control check failed: %s", self.last_error)
+            return None
+        if plan is None:
+            return None
+        self.last_error = None
+        self.router.set_plan(plan, frozenset(self.alive))
+        return plan
+
+    def next_check(self, now: float) -> float:
+        """When the next look inside the period is due (monotonic clock; inf: none before the
+        period's end)."""
+        c = self.check_s
+        if c is None:
+            return float("inf")
+        start = self._next_tick - self.period_s
+        k = math.floor((now - start) / c + 1e-9) + 1
+        due = start + k * c
+        return due if due < self._next_tick - 1e-6 else float("inf")
+
     async def tick(self, full: bool = True, due: float | None = None) -> Plan | None:
         """One control tick. ``full``: closes a control period (its arrivals feed the predictors);
         else an early re-plan on the last full period's rate, the current period keeps counting.
@@ -358,14 +402,19 @@ class ControlLoop:
         self._next_tick = time.monotonic()
         await self.tick()
         self._next_tick = self.next_period(self._next_tick, time.monotonic())
+        next_check = self.next_check(time.monotonic())
         while True:
-            timeout = max(0.0, min(self.heartbeat_s, self._next_tick - time.monotonic()))
+            timeout = max(0.0, min(self.heartbeat_s, self._next_tick - time.monotonic(), next_check - time.monotonic()))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)
             if time.monotonic() >= self._next_tick:
                 self._wake.clear()
                 await self.tick(due=self._next_tick)
                 self._next_tick = self.next_period(self._next_tick, time.monotonic())
+                next_check = self.next_check(time.monotonic())
+            elif time.monotonic() >= next_check:
+                await self.check()
+                next_check = self.next_check(time.monotonic())
             elif self._wake.is_set() or await self._membership_changed():
                 self._wake.clear()
                 await self.tick(full=False)

@@ -326,6 +326,12 @@ class ClusterControlLoop(ControlLoop):
     def step(self, period: Any, elapsed_s: float | None = None, **kwargs: Any) -> Plan:
         if self.bus is None or elapsed_s is not None:
             return super().step(period, elapsed_s, **kwargs)
+        if kwargs.get("check"):
+            # a look inside the period: every router's counts so far (the others' flushed, this
+            # one's not yet), left where they are
+            seen = self.bus.peek() + dataclasses.replace(period, arrival_times=None)
+            cluster = dataclasses.replace(seen, arrival_times=period.arrival_times, latency_scale=period.latency_scale)
+            return super().step(cluster, None, **kwargs)
         # a full period: this router's counts join the cluster's, and the leader takes them all
         # (its own arrivals' times bin them only when they are all of them)
         local: PeriodStats = period
@@ -422,6 +428,7 @@ class ClusterControlLoop(ControlLoop):
             return await super().run()
         await asyncio.to_thread(self.adopt_published)
         next_tick = 0.0
+        next_check = float("inf")
         next_beat = 0.0
         next_alive = 0.0
         while True:
@@ -441,6 +448,11 @@ class ClusterControlLoop(ControlLoop):
                         self._wake.clear()
                         await self.tick()
                         next_tick = self.next_period(next_tick, time.monotonic())
+                        self._next_tick = next_tick
+                        next_check = self.next_check(time.monotonic())
+                    elif time.monotonic() >= next_check:
+                        await self.check()
+                        next_check = self.next_check(time.monotonic())
                     elif self._wake.is_set() or (
                         now - self._membership_checked >= self.heartbeat_s and await self._membership_changed()
                     ):
@@ -469,7 +481,7 @@ class ClusterControlLoop(ControlLoop):
                 self.last_error = msg
             wait = self.poll_s
             if self.leading:
-                wait = max(0.0, min(wait, next_tick - time.monotonic()))
+                wait = max(0.0, min(wait, next_tick - time.monotonic(), next_check - time.monotonic()))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), wait)
 

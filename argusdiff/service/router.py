@@ -221,6 +221,11 @@ class Router:
         """Each measured level's latency / profiled (:meth:`argusdiff.latency.LatencyEstimator.scales`)."""
         return self.latency.scales()
 
+    def peek_period(self) -> PeriodStats:
+        """The control period's traffic so far, with the latencies measured so far (event-loop
+        thread); the period goes on (a look inside it, ``Policy.check_s``)."""
+        return self.period.peek(self.latency_scales())
+
     def _arrived(self, now: float, n: int, tier: str = Tier.STANDARD.value) -> None:
         """Count ``n`` arrivals of ``tier`` at ``now`` as demand (admitted or refused)."""
         self.period.arrived(now, n, tier)

@@ -71,6 +71,9 @@ class ControlPath:
             times_ = tuple(times.tolist())
             self.period.add(PeriodStats(int(arrivals), affinity, tier_arrivals=tier_arrivals, arrival_times=times_))
             seen = self.period.take(self._measured(t))
+        elif reason is PlanTrigger.CHECK:
+            # the period so far, shown, not taken: its arrivals are observed at the period's end
+            seen = PeriodStats(int(arrivals), arrival_times=tuple(times.tolist()), latency_scale=self._measured(t))
         else:
             seen = PeriodStats(int(arrivals), latency_scale=self._measured(t))
         # binned for the demand predictor as the live control loop bins them

@@ -391,12 +391,31 @@ class Simulator(ModelResidency, WorkerService, EventHandling, ControlPath):
         cur_ids: tuple[str, ...] = ()
         needs_sim = self.needs_similarity
         first_plan = True
+        check_s = policy.check_s if policy.check_s and policy.check_s < period else None
+        next_check = INF
 
         while True:
             ta = arr_l[i] if i < n else INF
             te = heap[0][0] if heap else INF
             if i >= n and not heap:
                 break
+            if next_check < next_tick and next_check <= ta and next_check <= te:
+                # a look inside the period (Policy.check_s): the period so far, not yet observed
+                t = next_check
+                self.now = t
+                self._sync(t)
+                since = t - (next_tick - period)
+                stats = self._stats(t, since, i - last_tick_i, pidx[:0], arr[last_tick_i:i], reason=PlanTrigger.CHECK)
+                fresh = policy.plan(stats)
+                if fresh is not plan:
+                    plan = fresh
+                    self._apply(plan, t, False)
+                    cur_ids = plan.levels
+                    cur_opt = optimal.get(cur_ids)
+                    if cur_opt is None and cur_ids == policy.profile.ids:
+                        cur_opt = wl.optimal_for(policy.profile)
+                next_check += check_s
+                continue
             if next_tick <= ta and next_tick <= te:
                 self.now = next_tick
                 self._sync(next_tick)
@@ -422,6 +441,8 @@ class Simulator(ModelResidency, WorkerService, EventHandling, ControlPath):
                 cur_opt = optimal.get(cur_ids)
                 if cur_opt is None and cur_ids == policy.profile.ids:
                     cur_opt = wl.optimal_for(policy.profile)
+                if check_s is not None:
+                    next_check = next_tick + check_s
                 next_tick += period
                 continue
             if te < ta:
