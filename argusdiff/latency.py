@@ -9,6 +9,10 @@ estimate moves towards the measurements as they come in (``min_samples`` of them
 the prior). :meth:`scales` is the snapshot the control path hands the policy
 (``ClusterStats.latency_scale``); a policy that plans with it (argus+) publishes it with the plan
 (``Plan.latency_scale``), so its routing and admission judge deadlines with the same latencies.
+Under several routers each measures the results that come back to it; every router's heartbeat
+carries its windows (:meth:`LatencyEstimator.windows`: per level the sum and number of its ratios),
+and the leader plans on the mean over all of them (:meth:`LatencyEstimator.scales` with ``peers``),
+so the measured latencies are the cluster's as the tier mix and hit rate are.
 
 A windowed mean, not a quantile: the plan sizes capacity, which follows the mean batch time, and
 when part of a level's workers are slow the mean is the level's speed. Pure; no clock.
@@ -18,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 __all__ = ["CLIP", "LatencyEstimator", "scaled_profile"]
@@ -61,9 +65,23 @@ class LatencyEstimator:
         q = self._ratios.get(level_id)
         return len(q) if q else 0
 
-    def scales(self) -> dict[str, float]:
-        """Every measured level's scale (levels never measured are as profiled and left out)."""
-        return {lv: self.scale(lv) for lv, q in self._ratios.items() if q}
+    def windows(self) -> dict[str, tuple[float, int]]:
+        """Per measured level, the sum of its window's ratios and their number: what another
+        router pools with its own (:meth:`scales`' ``peers``)."""
+        return {lv: (sum(q), len(q)) for lv, q in self._ratios.items() if q}
+
+    def scales(self, peers: Iterable[Mapping[str, Sequence[float]]] = ()) -> dict[str, float]:
+        """Every measured level's scale (levels never measured are as profiled and left out). With
+        ``peers``, other routers' :meth:`windows`: the mean over this window's ratios and theirs,
+        with the one prior (the cluster's estimate)."""
+        pooled = {lv: [sum(q), len(q)] for lv, q in self._ratios.items() if q}
+        for window in peers:
+            for lv, (total, n) in window.items():
+                if n > 0:
+                    acc = pooled.setdefault(lv, [0.0, 0])
+                    acc[0] += float(total)
+                    acc[1] += int(n)
+        return {lv: (total + self.min_samples) / (n + self.min_samples) for lv, (total, n) in pooled.items()}
 
 
 def scaled_profile(profile, scale: Mapping[str, float]):

@@ -5,9 +5,10 @@
 The live router counts its requests with an accumulator and the control loop takes a period's
 value from it; under several routers each adds its counts to the cluster's (``PeriodStats.counts``
 through Redis, :class:`argusdiff.service.cluster.ClusterBus`), so the leader plans on every
-router's arrivals, affinity, tier mix and cache lookups. The simulator counts with the same
-accumulator. A new observation is a field here, its count in the accumulator, and its reading in
-:func:`cluster_stats`.
+router's arrivals, affinity, tier mix and cache lookups; its ``latency_scale`` pools every router's
+measurements (their heartbeats, :class:`argusdiff.service.cluster.ClusterRouterView`). The
+simulator counts with the same accumulator. A new observation is a field here, its count in the
+accumulator, and its reading in :func:`cluster_stats`.
 """
 
 from __future__ import annotations

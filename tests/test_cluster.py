@@ -294,3 +294,30 @@ def test_the_plans_tier_mix_and_cache_hit_rate_are_the_clusters(two_routers):
     assert wait_until(lambda: mix() == {"interactive": 6, "batch": 2, "standard": 1}, 30), mix()
     rates = [s.cache_hit_rate for s in list(seen) if s.cache_hit_rate is not None]
     assert rates == [0.25]  # the follower's eight lookups, in one period of the leader's plans
+
+
+def test_the_plans_measured_latencies_are_the_clusters(two_routers):
+    """Each router measures the results that come back to it: the follower's are three times the
+    profile, the leader's as profiled. The leader plans on the latencies pooled over both routers'
+    measurements (they travel with the heartbeats), not on its own alone."""
+    a, b = two_routers(n_workers=1)
+    leader = _leader(a, b)
+    follower = b if leader is a else a
+    seen: list = []
+    plan = leader.service.policy.plan
+    leader.service.policy.plan = lambda stats: seen.append(stats) or plan(stats)
+
+    def measured(router, ratio: float, n: int) -> None:  # on the router's event loop, as results are
+        for _ in range(n):
+            router.latency.observe("tiny-sd", ratio, 1.0)
+
+    f, lead = follower.service, leader.service
+    f.dispatch.loop.call_soon_threadsafe(measured, f.router, 3.0, 12)
+    lead.dispatch.loop.call_soon_threadsafe(measured, lead.router, 1.0, 4)
+    want = (36.0 + 4.0 + 4) / (12 + 4 + 4)  # both windows under one prior (min_samples = 4)
+
+    def scales() -> list:
+        return [s.latency_scale.get("tiny-sd") for s in list(seen)]
+
+    assert wait_until(lambda: any(x is not None and abs(x - want) < 1e-9 for x in scales()), 30), scales()
+    assert lead.router.latency_scales() == {"tiny-sd": pytest.approx(1.0)}  # its own alone: as profiled

@@ -109,3 +109,28 @@ def test_the_leaders_view_plans_on_every_routers_queues_and_the_local_period(rou
     assert router.period.arrivals == 3
     assert view.policy is router.policy and view.per_worker == router.per_worker
     assert view.tier_load is router.tier_load
+
+
+def test_the_leaders_latencies_pool_every_routers_measurements(router, sm):
+    """Each router measures the results that come back to it; the leader's plan reads the mean over
+    every router's window (their heartbeats carry them), not its own alone."""
+    lv = sm.levels[-1].id
+    for _ in range(4):
+        router.latency.observe(lv, 1.0, 1.0)  # the leader's results: as profiled
+    alone = router.latency_scales()
+    assert alone == {lv: 1.0} and router.latency.windows() == {lv: (4.0, 4)}
+    from argusdiff.latency import LatencyEstimator
+
+    other = LatencyEstimator()
+    for _ in range(12):
+        other.observe(lv, 3.0, 1.0)  # the other router's results: 3x slower
+    peer = {"level_load": {}, "latency": {k: list(w) for k, w in other.windows().items()}}
+    view = ClusterRouterView(router, _Bus({"other": peer}))
+    assert view.latency_scales() == alone  # before the first heartbeat
+    view.refresh()
+    want = (4.0 + 36.0 + 4) / (4 + 12 + 4)  # one prior of min_samples = 4 over both windows
+    assert view.latency_scales() == {lv: pytest.approx(want)}
+    router._arrived(1.0, 1, "standard")
+    assert view.take_period().latency_scale == {lv: pytest.approx(want)}
+    assert router.take_period().latency_scale == alone  # the router alone still reads its own
+    assert view.summary()["latency"] == {lv: [4.0, 4]}  # what this router's heartbeat carries

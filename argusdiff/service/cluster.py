@@ -7,10 +7,12 @@ heartbeat, adds those counts to one Redis hash, ``ns:stats``
 hash in one script (``HINCRBY``… ``HGETALL`` + ``DEL``): every count lands in exactly one period,
 and a failed plan puts the counts back. Each router also publishes a heartbeat
 (``ns:router:<id>``, with expiry; ids in ``ns:routers``): its role, the plan version it routes
-with, its in-flight requests per level and its cache-health window. The leader's
-:class:`ClusterRouterView` plans on the sum of the routers' in-flight requests and on the
-routers' combined cache health; a background probe that finds the cache healthy again resets
-every router's window (``ns:cache:health-epoch``).
+with, its in-flight requests per level, its cache-health window and its latency measurements
+(:meth:`argusdiff.latency.LatencyEstimator.windows`). The leader's :class:`ClusterRouterView` plans
+on the sum of the routers' in-flight requests, on the routers' combined cache health and on the
+measured latencies pooled over every router's window (each router measures the results that come
+back to it); a background probe that finds the cache healthy again resets every router's window
+(``ns:cache:health-epoch``).
 
 :func:`cluster_status` is what ``GET /v1/cluster`` and ``argusdiff status`` show.
 """
@@ -249,6 +251,7 @@ class ClusterRouterView:
         self._bus = bus
         self.cache_health = ClusterCacheHealth(router.cache_health)
         self._peer_load: Counter[str] = Counter()
+        self._peer_latency: list[dict[str, list[float]]] = []  # other routers' latency windows
         self._epoch: int | None = None
 
     # -- the local router's ---------------------------------------------------------------------
@@ -271,8 +274,9 @@ class ClusterRouterView:
         return self._router.tier_load
 
     def take_period(self) -> PeriodStats:
-        """This router's period (the leader adds the others' counts: ``ClusterBus.flush_and_drain``)."""
-        return self._router.take_period()
+        """This router's period (the leader adds the others' counts: ``ClusterBus.flush_and_drain``)
+        with every router's measured latencies (:meth:`latency_scales`)."""
+        return self._router.take_period(self.latency_scales())
 
     def peek_period(self) -> PeriodStats:
         """This router's period so far (the leader adds the others' counts: ``ClusterBus.peek``)."""
@@ -282,7 +286,9 @@ class ClusterRouterView:
         self._router.give_back(period)
 
     def latency_scales(self) -> dict[str, float]:
-        return self._router.latency_scales()
+        """Each measured level's latency / profiled over every router's measurements: this
+        router's window pooled with the others' (their heartbeats)."""
+        return self._router.latency_scales(self._peer_latency)
 
     def set_plan(self, plan: Plan, up: frozenset[str]) -> None:
         self._router.set_plan(plan, up)
@@ -311,6 +317,8 @@ class ClusterRouterView:
             "accepted": r.accepted,
             "completed": r.completed,
             "cache": {**summarize_health(r.cache_health), "epoch": self._epoch},
+            # its measurements for the leader's latency estimate: level -> [sum of ratios, ratios]
+            "latency": {lv: [total, n] for lv, (total, n) in r.latency.windows().items()},
         }
 
     def refresh(self) -> None:
@@ -330,12 +338,16 @@ class ClusterRouterView:
         bus.peers = peers
         load: Counter[str] = Counter()
         windows = []
+        latency = []
         for info in peers.values():
             load.update({lv: int(n) for lv, n in (info.get("level_load") or {}).items()})
+            if info.get("latency"):
+                latency.append(info["latency"])
             cache = info.get("cache") or {}
             if cache.get("epoch") == self._epoch and cache.get("samples"):
                 windows.append(cache)
         self._peer_load = load
+        self._peer_latency = latency
         health.peers = windows
 
 

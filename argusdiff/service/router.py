@@ -20,7 +20,7 @@ import math
 import secrets
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -207,19 +207,20 @@ class Router:
         each item names the worker ``route`` picked and waits in that worker's queue."""
         return self.policy.delivery is Delivery.PER_WORKER
 
-    def take_period(self) -> PeriodStats:
+    def take_period(self, latency_scale: Mapping[str, float] | None = None) -> PeriodStats:
         """The control period's traffic since the last call, with the latencies measured so far
-        (event-loop thread); a new period begins. A period that could not be used goes back with
-        :meth:`give_back`."""
-        return self.period.take(self.latency_scales())
+        (``latency_scale``, default this router's: :meth:`latency_scales`) (event-loop thread); a
+        new period begins. A period that could not be used goes back with :meth:`give_back`."""
+        return self.period.take(self.latency_scales() if latency_scale is None else latency_scale)
 
     def give_back(self, period: PeriodStats) -> None:
         """A period the control loop could not use counts in the next one (event-loop thread)."""
         self.period.add(period)
 
-    def latency_scales(self) -> dict[str, float]:
-        """Each measured level's latency / profiled (:meth:`argusdiff.latency.LatencyEstimator.scales`)."""
-        return self.latency.scales()
+    def latency_scales(self, peers: Iterable[Mapping[str, Sequence[float]]] = ()) -> dict[str, float]:
+        """Each measured level's latency / profiled (:meth:`argusdiff.latency.LatencyEstimator.scales`),
+        pooled with ``peers``, other routers' measurement windows."""
+        return self.latency.scales(peers)
 
     def peek_period(self) -> PeriodStats:
         """The control period's traffic so far, with the latencies measured so far (event-loop
