@@ -477,6 +477,10 @@ class RouteReason(enum.StrEnum):
     NO_HEAVY = "no heavy"
 
 
+_SERVED = Outcome.SERVED
+_NO_REFUSAL = Refusal.NONE
+
+
 @dataclass(frozen=True, slots=True)
 class Assignment:
     """The data path's decision for one request: its :attr:`outcome` and :attr:`cause` as values,
@@ -495,11 +499,14 @@ class Assignment:
     cause: RouteReason = RouteReason.PLAN  # why, as a value
 
     def __post_init__(self) -> None:
-        turned_away = self.outcome is Outcome.REFUSED or self.outcome is Outcome.DROPPED
-        if turned_away != (self.refusal is not Refusal.NONE):
-            raise ValueError(f"outcome {self.outcome} with refusal {self.refusal!r}")
-        if (self.level is None) != (turned_away or self.outcome is Outcome.KEPT):
-            raise ValueError(f"outcome {self.outcome} with level {self.level!r}")
+        outcome = self.outcome
+        if outcome is _SERVED and self.level is not None and self.refusal is _NO_REFUSAL:
+            return  # the common case, checked first (one per request on the data path)
+        turned_away = outcome is Outcome.REFUSED or outcome is Outcome.DROPPED
+        if turned_away != (self.refusal is not _NO_REFUSAL):
+            raise ValueError(f"outcome {outcome} with refusal {self.refusal!r}")
+        if (self.level is None) != (turned_away or outcome is Outcome.KEPT):
+            raise ValueError(f"outcome {outcome} with level {self.level!r}")
 
     @property
     def dropped(self) -> bool:
