@@ -134,3 +134,4 @@ def test_the_leaders_latencies_pool_every_routers_measurements(router, sm):
     assert view.take_period().latency_scale == {lv: pytest.approx(want)}
     assert router.take_period().latency_scale == alone  # the router alone still reads its own
     assert view.summary()["latency"] == {lv: [4.0, 4]}  # what this router's heartbeat carries
+    assert view.peek_period().latency_scale == {lv: pytest.approx(want)}  # a look inside the period too

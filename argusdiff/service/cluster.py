@@ -279,8 +279,9 @@ class ClusterRouterView:
         return self._router.take_period(self.latency_scales())
 
     def peek_period(self) -> PeriodStats:
-        """This router's period so far (the leader adds the others' counts: ``ClusterBus.peek``)."""
-        return self._router.peek_period()
+        """This router's period so far (the leader adds the others' counts: ``ClusterBus.peek``)
+        with every router's measured latencies (:meth:`latency_scales`)."""
+        return self._router.peek_period(self.latency_scales())
 
     def give_back(self, period: PeriodStats) -> None:
         self._router.give_back(period)

@@ -222,10 +222,11 @@ class Router:
         pooled with ``peers``, other routers' measurement windows."""
         return self.latency.scales(peers)
 
-    def peek_period(self) -> PeriodStats:
-        """The control period's traffic so far, with the latencies measured so far (event-loop
-        thread); the period goes on (a look inside it, ``Policy.check_s``)."""
-        return self.period.peek(self.latency_scales())
+    def peek_period(self, latency_scale: Mapping[str, float] | None = None) -> PeriodStats:
+        """The control period's traffic so far, with the latencies measured so far (``latency_scale``,
+        default this router's) (event-loop thread); the period goes on (a look inside it,
+        ``Policy.check_s``)."""
+        return self.period.peek(self.latency_scales() if latency_scale is None else latency_scale)
 
     def _arrived(self, now: float, n: int, tier: str = Tier.STANDARD.value) -> None:
         """Count ``n`` arrivals of ``tier`` at ``now`` as demand (admitted or refused)."""
