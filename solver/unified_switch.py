@@ -170,9 +170,16 @@ def switch_pass(
         if st2 in ("node_limit", "time_limit"):
             notes.append(f"switch-cost search stopped at its {st2.replace('_', ' ')}; using its best plan")
     else:
-        got, backend = milp_switch(m, ks, wg.cost, wg.sizes, thr, opts.backend, opts.time_limit_s)
-        if got is not None:
-            got = Search(m, **switch).evaluate(got.n, ks) or got
+        got, backend = None, ""
+        if int(cur_counts.sum()) == m.W:
+            # every worker runs a pool: the one plan that moves none keeps the current counts; when
+            # it reaches the threshold it is the MILP's optimum (a move costs >= 1, the faint value
+            # term < 1e-7), and the MILP's answer would be polished by this very LP
+            got = Search(m, **switch).evaluate(cur_counts, ks)
+        if got is None:
+            got, backend = milp_switch(m, ks, wg.cost, wg.sizes, thr, opts.backend, opts.time_limit_s)
+            if got is not None:
+                got = Search(m, **switch).evaluate(got.n, ks) or got
     if got is None:
         notes.append("switch-cost pass found no plan; kept the best-value plan")
         return SwitchPass(flows, start, None, loads, nodes, backend)

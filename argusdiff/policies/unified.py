@@ -91,6 +91,33 @@ def _on_grid(spec, idx: tuple[int, ...]):
     )
 
 
+#: the cascade specs and tables on the planned grid, per (profile, tables, points): they are the
+#: same every period (keyed by identity; the objects are held so that an id is not reused)
+_GRIDS: dict[tuple[int, int, int | None], tuple[Any, Any, list, Any]] = {}
+
+
+def _cascade_grid(profile: Profile, cascade_tables: Any, points: int | None) -> tuple[list, Any]:
+    """The profile's cascade specs on about ``points`` points of their threshold grids, and their
+    f_c(t) tables there (``cascade_tables`` when given, else :func:`ranked_deferral`'s)."""
+    key = (id(profile), id(cascade_tables), points)
+    got = _GRIDS.get(key)
+    if got is not None and got[0] is profile and got[1] is cascade_tables:
+        return got[2], got[3]
+    keep = {c.light: grid_points(len(c.thresholds), points) for c in profile.cascade_specs}
+    specs = [_on_grid(c, keep[c.light]) for c in profile.cascade_specs]
+    tables = cascade_tables if cascade_tables is not None else (ranked_deferral(profile, specs) if specs else None)
+    if cascade_tables is not None:
+        tables = {
+            light: tuple(tuple(tuple(row[i] for i in keep[light]) for row in t) for t in pair)
+            for light, pair in tables.items()
+            if light in keep
+        }
+    if len(_GRIDS) >= 16:
+        _GRIDS.clear()
+    _GRIDS[key] = (profile, cascade_tables, specs, tables)
+    return specs, tables
+
+
 def tier_mix(previous: Mapping[str, float], arrivals: Mapping[str, int]) -> dict[str, float]:
     """The tier mix (shares) after a period: the older mix decayed by :data:`TIER_DECAY` plus the
     period's arrivals per tier."""
@@ -123,15 +150,7 @@ def unified_plan(
 
     o = policy.options
     margin = float(policy.predictor_spec.margin)
-    keep = {c.light: grid_points(len(c.thresholds), o.threshold_points) for c in profile.cascade_specs}
-    specs = [_on_grid(c, keep[c.light]) for c in profile.cascade_specs]
-    tables = o.cascade_tables if o.cascade_tables is not None else (ranked_deferral(profile, specs) if specs else None)
-    if o.cascade_tables is not None:
-        tables = {
-            light: tuple(tuple(tuple(row[i] for i in keep[light]) for row in t) for t in pair)
-            for light, pair in tables.items()
-            if light in keep
-        }
+    specs, tables = _cascade_grid(profile, o.cascade_tables, o.threshold_points)
     ids = set(profile.ids)
     current = {w: (lv if lv in ids else None) for w, lv in stats.current.items() if w in set(stats.workers)}
     models = {lv.model for lv in profile.levels}
