@@ -294,12 +294,12 @@ def _solve_gurobi(c, A, row_lo, row_hi, col_lo, col_hi, integrality, sense, time
         eq = np.isfinite(rlo) & np.isfinite(rhi) & (rlo == rhi)
         up = np.isfinite(rhi) & ~eq
         dn = np.isfinite(rlo) & ~eq
-        if eq.any():
-            model.addMConstr(m[eq], x, "=", rlo[eq])
-        if up.any():
-            model.addMConstr(m[up], x, "<", rhi[up])
-        if dn.any():
-            model.addMConstr(m[dn], x, ">", rlo[dn])
+        # one call, the rows in the order of three (equalities, then <=, then >=: the same model)
+        order = np.concatenate([np.flatnonzero(eq), np.flatnonzero(up), np.flatnonzero(dn)])
+        if len(order):
+            n_eq, n_up = int(eq.sum()), int(up.sum())
+            senses = np.array(["="] * n_eq + ["<"] * n_up + [">"] * (len(order) - n_eq - n_up))
+            model.addMConstr(m[order], x, senses, np.concatenate([rlo[eq], rhi[up], rlo[dn]]))
         model.setObjective(np.asarray(c, dtype=np.float64) @ x, GRB.MAXIMIZE if sense == "max" else GRB.MINIMIZE)
         model.optimize()
     except gp.GurobiError as exc:

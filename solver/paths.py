@@ -525,7 +525,8 @@ def _worker_state(
     up = set(wids)
     cur: dict[str, str | None] = {}
     if current:
-        bad = sorted({v for v in current.values() if v is not None and v not in profile.ids})
+        ids = set(profile.ids)
+        bad = sorted({v for v in current.values() if v is not None and v not in ids})
         if bad:
             raise ConfigError(f"current: unknown level id(s) {', '.join(bad)}; levels: {', '.join(profile.ids)}")
         cur = {w: (profile.level(v).model if v is not None else None) for w, v in current.items() if w in up}

@@ -42,7 +42,7 @@ class Group:
     level_use: tuple[tuple[str, np.ndarray], ...]  # (level id, seconds per request, C x V)
     defer: np.ndarray  # C x V: share deferred to the heavy stage (0 for direct paths)
 
-    @property
+    @functools.cached_property
     def V(self) -> int:
         return len(self.variants)
 
@@ -476,10 +476,15 @@ def _threshold_rows(rows: _Rows, m: Model, lay: Layout, casc: Sequence[int]) -> 
     for g in casc:
         V = m.groups[g].V
         rows.add(yc + np.arange(V), np.ones(V), 1.0, 1.0)
-        for k in range(V):
-            col = lay.xmap[:, lay.off[g] + k]
-            col = col[col >= 0]
-            rows.add(np.concatenate([col, [yc + k]]), np.concatenate([np.ones(len(col)), [-big]]), -np.inf, 0.0)
+        # the V rows of the thresholds at once (the matrix is the same whatever the entries' order)
+        block = lay.xmap[:, lay.off[g] : lay.off[g] + V]
+        kk, zz = np.nonzero(block.T >= 0)
+        rows.ri += [rows.r + kk, rows.r + np.arange(V)]
+        rows.ci += [block[zz, kk], yc + np.arange(V)]
+        rows.vv += [np.ones(len(kk)), np.full(V, -big)]
+        rows.lo += [-np.inf] * V
+        rows.hi += [0.0] * V
+        rows.r += V
         yc += V
 
 

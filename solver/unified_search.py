@@ -77,10 +77,8 @@ class Search:
         lp = build(m, mask=mask, mode=mode, cost=cost, sizes=sizes, threshold=threshold)
         self.lay = lp.layout
         self.lp = WarmLP(lp.c, lp.A, lp.row_lo, lp.row_hi, lp.col_lo, lp.col_hi, sense="max")
-        self.state: list[tuple[int, int]] = [(0, grp.V - 1) for grp in m.groups]
         self.pricing = mode == "value"
-        for g in range(self.G):
-            self._set_interval(g, self.root[g], force=True)
+        self._set_root()
 
     # -- model updates ----------------------------------------------------------------------------
     def _add(self, zz: np.ndarray, jj: np.ndarray) -> None:
@@ -102,8 +100,24 @@ class Search:
         lay.xmap[zz, jj] = lay.n_cols + np.arange(n)
         lay.n_cols += n
 
-    def _set_interval(self, g: int, iv: tuple[int, int], *, force: bool = False) -> None:
-        if self.state[g] == iv and not force:
+    def _set_root(self) -> None:
+        """Every group at its root interval: what :meth:`_set_interval` does group by group (the
+        same columns added in the same order, the same bounds), with one bounds call."""
+        lay = self.lay
+        inside = np.zeros(lay.Kt, dtype=bool)
+        for g, (lo, hi) in enumerate(self.root):
+            o = int(lay.off[g])
+            if self.m.groups[g].V > 1:
+                missing = np.flatnonzero(lay.xmap[:, o + lo] < 0)
+                self._add(missing, np.full(len(missing), o + lo))
+            inside[o + lo : o + hi + 1] = True
+        have = lay.xmap >= 0
+        ub = np.where(np.broadcast_to(inside, have.shape)[have], np.inf, 0.0)
+        self.lp.set_col_bounds(lay.xmap[have], np.zeros(len(ub)), ub)
+        self.state: list[tuple[int, int]] = list(self.root)
+
+    def _set_interval(self, g: int, iv: tuple[int, int]) -> None:
+        if self.state[g] == iv:
             return
         lay = self.lay
         lo, hi = iv
