@@ -185,6 +185,8 @@ class Model:
     val: np.ndarray = field(init=False)  # Z x G x Vmax
     qual: np.ndarray = field(init=False)
     prior: np.ndarray = field(init=False)  # Z x G x Vmax: the variant's quality averaged over classes
+    # what depends on the arrays above alone (positions, x data, dominated columns), made once
+    memo: dict = field(init=False, default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         Z, G, M = len(self.Z), len(self.groups), len(self.pools)
@@ -317,6 +319,13 @@ class Layout:
 
 
 def positions(m: Model) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    got = m.memo.get("positions")
+    if got is None:
+        got = m.memo["positions"] = _positions(m)
+    return got
+
+
+def _positions(m: Model) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     Vs = np.array([g.V for g in m.groups])
     off = np.concatenate([[0], np.cumsum(Vs)[:-1]]).astype(np.int64)
     gk_g = np.repeat(np.arange(len(Vs)), Vs)
@@ -325,7 +334,15 @@ def positions(m: Model) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
 
 
 def xdata(m: Model, gk_g: np.ndarray, gk_k: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Usage (Z x Kt x M), value (Z x Kt) and LP cost (Z x Kt) of every (z, group, variant)."""
+    """Usage (Z x Kt x M), value (Z x Kt) and LP cost (Z x Kt) of every (z, group, variant) (of the
+    positions ``gk_g``, ``gk_k``: :func:`positions`'s; made once per model, not to be changed)."""
+    got = m.memo.get("xdata")
+    if got is None or got[0] is not gk_g or got[1] is not gk_k:
+        got = m.memo["xdata"] = (gk_g, gk_k, _xdata(m, gk_g, gk_k))
+    return got[2]
+
+
+def _xdata(m: Model, gk_g: np.ndarray, gk_k: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     U = np.transpose(m.use[:, gk_g, :, gk_k], (1, 0, 2))
     Vx = m.val[:, gk_g, gk_k]
     cost = m.cost(Vx, m.qual[:, gk_g, gk_k], m.prior[:, gk_g, gk_k], U.sum(axis=2))
@@ -368,11 +385,15 @@ class _Rows:
         self.r += 1
 
     def matrix(self, n_cols: int):
+        """The rows as a CSC matrix: what ``csc_matrix((vv, (ri, ci)))`` gives (entries sorted by
+        column, then row; no two entries share a cell), without its conversions."""
         from scipy import sparse
 
-        return sparse.csc_matrix(
-            (np.concatenate(self.vv), (np.concatenate(self.ri), np.concatenate(self.ci))), shape=(self.r, n_cols)
-        )
+        ri, ci, vv = np.concatenate(self.ri), np.concatenate(self.ci), np.concatenate(self.vv)
+        order = np.lexsort((ri, ci))
+        indptr = np.zeros(n_cols + 1, dtype=np.int32)
+        np.cumsum(np.bincount(ci, minlength=n_cols), out=indptr[1:])
+        return sparse.csc_matrix((vv[order], ri[order].astype(np.int32), indptr), shape=(self.r, n_cols), copy=False)
 
 
 def build(
@@ -504,6 +525,15 @@ def _switch_rows(
 
 
 def dominated(m: Model, direct: Sequence[int]) -> np.ndarray:
+    """:func:`_dominated`, made once per model and list of direct paths (not to be changed)."""
+    key = ("dominated", tuple(direct))
+    got = m.memo.get(key)
+    if got is None:
+        got = m.memo[key] = _dominated(m, direct)
+    return got
+
+
+def _dominated(m: Model, direct: Sequence[int]) -> np.ndarray:
     """Z x len(direct): direct paths another direct path beats for that class on the same pool: no
     more usage, no less value, quality and quality for the average prompt (the tie-break; of equals,
     the later one). Such a column is never

@@ -200,7 +200,8 @@ def unified_plan(
     # a model's workers serve every level of it: publish them at the model's cache-miss level (AC:
     # K = 0; other models: their one level), so the AC levels of one model are siblings without
     # workers of their own and every worker of the model pulls their queues (Plan.unserved_siblings)
-    pooled = {w: (profile.ac_base(lv).id if lv is not None else None) for w, lv in plan.assignment.items()}
+    base = {lv: profile.ac_base(lv).id for lv in set(plan.assignment.values()) if lv is not None}
+    pooled = {w: (base[lv] if lv is not None else None) for w, lv in plan.assignment.items()}
     plan = dataclasses.replace(
         plan,
         assignment=pooled,
