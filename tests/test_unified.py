@@ -644,3 +644,39 @@ def test_a_class_the_cascade_defers_entirely_is_worth_nothing_there():
     assert np.all(group.good[:, others][:, :, above] == 0.0)
     assert np.all(group.val[:, part, above] > 0.99)
     assert np.all(group.val[:, :, [j for j, v in enumerate(group.variants) if v == 0]] > 0.0)
+
+
+def test_a_switch_pass_that_moves_no_worker_needs_no_milp(monkeypatch):
+    """When every worker runs a pool and the plan that moves none is within the tolerance, the
+    switch-cost pass answers with that plan's LP (the LP that polishes the MILP's answer) and
+    solves no MILP; the plan is the one the MILP gives."""
+    from solver import unified_switch
+    from solver.paths import problem_from_profile, ranked_deferral
+
+    profile = load_profile("unified-a100")
+    specs = list(profile.cascade_specs)
+    workers = [f"w{i}" for i in range(8)]
+    kw = dict(cascades=specs, cascade_tables=ranked_deferral(profile, specs))
+    first = plan_unified(problem_from_profile(profile, workers, 60.0, **kw), formulation="milp")
+    current = {w: next(lv.id for lv in profile.levels if lv.model == pool) for w, pool in first.assignment.items()}
+    problem = problem_from_profile(profile, workers, 66.0, current=current, **kw)
+    milps = []
+    real_milp = unified_switch.milp_switch
+    monkeypatch.setattr(unified_switch, "milp_switch", lambda *a: milps.append(1) or real_milp(*a))
+    fast = plan_unified(problem, formulation="milp", switch_tolerance=0.02)
+    assert not milps and fast.moved_workers == 0
+
+    first_call = [True]
+
+    class NoShortcut(unified_switch.Search):
+        def evaluate(self, n, ks):
+            if first_call and first_call.pop():
+                return None  # the shortcut's LP: as though the current counts were short
+            return super().evaluate(n, ks)
+
+    monkeypatch.setattr(unified_switch, "Search", NoShortcut)
+    slow = plan_unified(problem, formulation="milp", switch_tolerance=0.02)
+    assert milps
+    assert dict(slow.assignment) == dict(fast.assignment)
+    assert slow.thresholds == fast.thresholds and slow.objective == fast.objective
+    assert {k: dict(v) for k, v in slow.routing.items()} == {k: dict(v) for k, v in fast.routing.items()}
