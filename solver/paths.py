@@ -378,6 +378,7 @@ class _StageMaker:
     quality: tuple[tuple[float, ...], ...]
     column: Mapping[str, int]  # level id -> its column of ``quality``
     batches: Mapping[str, int]
+    clipped: tuple[tuple[float, ...], ...]  # per level (column) each class's quality, clipped to [0, 1]
 
     @classmethod
     def of(
@@ -395,15 +396,15 @@ class _StageMaker:
         unknown = sorted(set(batches) - set(ids))
         if unknown:
             raise ConfigError(f"batch_sizes: unknown level id(s) {', '.join(unknown)}")
-        return cls(tuple(tuple(row) for row in q), {lid: j for j, lid in enumerate(ids)}, batches)
+        clipped = tuple(tuple(min(1.0, max(0.0, row[j])) for row in q) for j in range(C))
+        return cls(tuple(tuple(row) for row in q), {lid: j for j, lid in enumerate(ids)}, batches, clipped)
 
     def batch(self, level_id: str) -> int:
         return int(self.batches.get(level_id, 1))
 
     def quality_of(self, level_id: str) -> tuple[float, ...]:
         """Each class's quality at ``level_id``, clipped to [0, 1]."""
-        j = self.column[level_id]
-        return tuple(min(1.0, max(0.0, row[j])) for row in self.quality)
+        return self.clipped[self.column[level_id]]
 
     def stage(self, lv: ApproxLevel, extra_s: float = 0.0, extra_service_s: float = 0.0) -> Stage:
         b = self.batch(lv.id)
