@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -173,26 +174,42 @@ def solve_milp(
     time_limit_s: float = 5.0,
     presolve: bool = True,
     retry_without_presolve: bool = False,
+    gurobi_params: Mapping[str, float] | None = None,
 ) -> SolveResult:
     """Solve one MILP (or LP when no column is integral) on the chosen backend.
 
     ``presolve=False`` turns HiGHS' presolve off (it can misjudge LPs whose data spans many
     orders of magnitude as infeasible); ``retry_without_presolve=True`` solves once more on HiGHS
     with presolve off when the first solve finds no solution (for problems known to be feasible).
+    ``gurobi_params``: Gurobi parameters set on the model besides this module's (e.g. the unified
+    plan's :data:`solver.unified_search.GUROBI_PARAMS`); HiGHS ignores them.
     """
-    res = _solve_once(c, A, row_lo, row_hi, col_lo, col_hi, integrality, sense, backend, time_limit_s, presolve)
+    res = _solve_once(
+        c, A, row_lo, row_hi, col_lo, col_hi, integrality, sense, backend, time_limit_s, presolve, gurobi_params
+    )
     if not res.ok and retry_without_presolve and presolve:
         res = _solve_once(c, A, row_lo, row_hi, col_lo, col_hi, integrality, sense, "highs", time_limit_s, False)
     return res
 
 
 def _solve_once(
-    c, A, row_lo, row_hi, col_lo, col_hi, integrality, sense, backend: str, time_limit_s: float, presolve: bool
+    c,
+    A,
+    row_lo,
+    row_hi,
+    col_lo,
+    col_hi,
+    integrality,
+    sense,
+    backend: str,
+    time_limit_s: float,
+    presolve: bool,
+    gurobi_params: Mapping[str, float] | None = None,
 ) -> SolveResult:
     check_backend(backend)
     if backend in ("auto", "gurobi") and gurobi_available():
         try:
-            res = _solve_gurobi(c, A, row_lo, row_hi, col_lo, col_hi, integrality, sense, time_limit_s)
+            res = _solve_gurobi(c, A, row_lo, row_hi, col_lo, col_hi, integrality, sense, time_limit_s, gurobi_params)
         except Exception as exc:  # never surface raw solver errors; HiGHS answers instead
             _log_fallback(f"gurobipy failed: {exc!r}")
             res = None
@@ -271,7 +288,9 @@ def _solve_highs(
     return SolveResult(st, x, float(h.getInfo().objective_function_value), "highs")
 
 
-def _solve_gurobi(c, A, row_lo, row_hi, col_lo, col_hi, integrality, sense, time_limit_s) -> SolveResult | None:
+def _solve_gurobi(
+    c, A, row_lo, row_hi, col_lo, col_hi, integrality, sense, time_limit_s, params: Mapping[str, float] | None = None
+) -> SolveResult | None:
     gp = _state["gurobi"]
     env = _state["gurobi_env"]
     GRB = gp.GRB
@@ -285,6 +304,8 @@ def _solve_gurobi(c, A, row_lo, row_hi, col_lo, col_hi, integrality, sense, time
         model.Params.TimeLimit = min(float(time_limit_s), _GUROBI_INFINITY)
         model.Params.WorkLimit = GUROBI_WORK_LIMIT
         model.Params.MIPGap = 1e-9
+        for name, value in (params or {}).items():
+            model.setParam(name, value)
         vtype = np.where(np.asarray(integrality, dtype=bool), GRB.INTEGER, GRB.CONTINUOUS)
         lo = np.where(np.isfinite(col_lo), col_lo, -GRB.INFINITY)
         hi = np.where(np.isfinite(col_hi), col_hi, GRB.INFINITY)

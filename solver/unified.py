@@ -43,7 +43,9 @@ Switch costs (with a current assignment): among plans within ``switch_tolerance`
 the one that moves the fewest workers weighted by model load time: moving a worker costs 1, plus
 the load time of its new model unless that model is already resident in its GPU memory. Solved as
 a second pass (the same search, minimising a transport cost from groups of workers with the same
-current pool and resident set to pools) with the thresholds of the first pass.
+current pool and resident set to pools) with the thresholds of the first pass. When every worker
+runs a pool, the plan that moves none (the current counts) is tried first as an LP: when it reaches
+the tolerance it is the pass's optimum and no MILP is solved.
 
 The modules, by concern: :mod:`solver.unified_model` (paths compiled to arrays, the LP/MILP
 matrices), :mod:`solver.unified_demand` (the demand planned in overload), :mod:`solver.unified_search`

@@ -21,6 +21,12 @@ EXACT_NODE_LIMIT = 20_000
 DEFAULT_GAP = 1e-4  # relative: HiGHS's mip_rel_gap and Gurobi's MIPGap default
 COLGEN_START = 4
 SWITCH_ABS_TOL = 1.0  # switch-cost units (one moved worker): below this, plans are not told apart
+#: Gurobi's parameters for the value pass's MILP: no presolve, cuts or heuristics. The models are
+#: small (tens of rows, a few hundred columns, a few integers); on the 800-minute diagonal's value
+#: MILPs these cut Gurobi's time ~3x, the value found within 1e-8 of the defaults' (which of
+#: near-equal plans is found may differ: docs/benchmarks.md). Not for the switch pass, whose faint
+#: preference for value among plans of equal switch cost (< 1e-7) the defaults resolve better
+GUROBI_PARAMS = {"Presolve": 0, "Cuts": 0, "Heuristics": 0}
 
 
 class Search:
@@ -404,7 +410,7 @@ def milp_value(m: Model, backend: str, time_limit_s: float) -> tuple[Solution | 
     """The model with one binary per cascade threshold. Returns (solution, backend, status)."""
     lp = build(m, binaries=True)
     lay = lp.layout
-    res = _solve(lp, backend, time_limit_s)
+    res = _solve(lp, backend, time_limit_s, GUROBI_PARAMS)
     if not res.ok:
         return None, res.backend, f"{res.status} ({res.message})"
     x = res.x
@@ -429,7 +435,7 @@ def milp_switch(
     return extract(m, lay, res.x, ks, float(res.objective)), res.backend
 
 
-def _solve(lp: LpMatrices, backend: str, time_limit_s: float):
+def _solve(lp: LpMatrices, backend: str, time_limit_s: float, gurobi_params=None):
     return backends.solve_milp(
         lp.c,
         lp.A,
@@ -441,4 +447,5 @@ def _solve(lp: LpMatrices, backend: str, time_limit_s: float):
         sense="max",
         backend=backend,
         time_limit_s=time_limit_s,
+        gurobi_params=gurobi_params,
     )
