@@ -431,10 +431,16 @@ def build(
     rows = _Rows()
     _demand_rows(rows, m, lay, zz, xcols)
     lay.pool_row0 = rows.r
-    for mm in range(M):  # worker-seconds per minute of each pool
-        u = U[zz, jj, mm]
-        nz = u != 0
-        rows.add(np.concatenate([xcols[nz], [mm]]), np.concatenate([u[nz], [-SEC]]), -np.inf, 0.0)
+    # worker-seconds per minute of each pool, the M rows at once (the matrix is the same whatever
+    # the entries' order)
+    ux = U[zz, jj, :]  # nx x M
+    pm, px = np.nonzero(ux.T != 0)
+    rows.ri += [rows.r + pm, rows.r + np.arange(M)]
+    rows.ci += [xcols[px], np.arange(M)]
+    rows.vv += [ux[px, pm], np.full(M, -SEC)]
+    rows.lo += [-np.inf] * M
+    rows.hi += [0.0] * M
+    rows.r += M
     rows.add(np.arange(M), np.ones(M), float(m.W) if mode == "switch" else -np.inf, float(m.W))  # workers
     if over:
         _served_rows(rows, m, lay)
@@ -516,12 +522,17 @@ def _switch_rows(
     M, n_h = lay.M, lay.n_h
     lay.value_row = rows.r
     rows.add(xcols, vx, float(threshold), np.inf)
-    for h in range(n_h):
-        rows.add(lay.it + h * M + np.arange(M), np.ones(M), float(sizes[h]), float(sizes[h]))
-    for mm in range(M):
-        rows.add(
-            np.concatenate([lay.it + np.arange(n_h) * M + mm, [mm]]), np.concatenate([np.ones(n_h), [-1.0]]), 0.0, 0.0
-        )
+    # the n_h group rows, then the M pool rows, each set at once
+    t_cols = lay.it + np.arange(n_h * M)
+    rows.ri += [rows.r + np.repeat(np.arange(n_h), M), rows.r + n_h + np.tile(np.arange(M), n_h)]
+    rows.ci += [t_cols, t_cols]
+    rows.vv += [np.ones(n_h * M), np.ones(n_h * M)]
+    rows.ri.append(rows.r + n_h + np.arange(M))
+    rows.ci.append(np.arange(M))
+    rows.vv.append(np.full(M, -1.0))
+    rows.lo += [float(sizes[h]) for h in range(n_h)] + [0.0] * M
+    rows.hi += [float(sizes[h]) for h in range(n_h)] + [0.0] * M
+    rows.r += n_h + M
 
 
 def dominated(m: Model, direct: Sequence[int]) -> np.ndarray:

@@ -151,7 +151,9 @@ def switch_pass(
     ks, flows = first.k, first.x
     loads = pool_loads(m, flows, ks)
     n = need(loads)
-    value = float(sum(m.val[z, g, ks[g]] * flows[z, g] for z in range(len(m.Z)) for g in range(len(m.groups))))
+    # Σ v·x in the order of a sum over z, then g (the products at once, added in that order)
+    terms = m.val[:, np.arange(len(m.groups)), np.asarray(ks, dtype=np.int64)] * flows
+    value = float(sum(terms.ravel().tolist()))
     cur_counts = np.zeros(len(m.pools), dtype=np.int64)
     for w in problem.workers:
         pool = problem.current.get(w)
