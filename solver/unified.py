@@ -162,7 +162,9 @@ def plan_unified(
             notes.append("no plan found by the solver; using the maximum-throughput plan")
     wg = worker_groups(problem, comp.pools, comp.pidx)
     pass2 = None
-    if problem.current and used_backend != "fallback":
+    # no worker runs or holds a model (a cold start): every placement moves nothing, so the pass
+    # would return any plan within the tolerance; the value pass's plan is the one to take
+    if problem.current and used_backend != "fallback" and wg.cost.any():
         pass2 = switch_pass(problem, m, sol, wg, opts, notes)
         nodes += pass2.nodes
         if pass2.backend and pass2.backend != used_backend:
