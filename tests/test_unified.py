@@ -196,6 +196,22 @@ def two_path_problem(W: int, demand: float, tiers, *, current=None, resident=Non
     )
 
 
+def test_a_cold_start_takes_the_value_pass_plan():
+    """No worker runs or holds a model: every placement moves nothing, so the switch-cost pass would
+    return any plan within its tolerance (the MILP spread workers over light models, and later
+    periods kept them); the plan is the value pass's, as with no current assignment at all."""
+    from collections import Counter
+
+    p = realistic(24, 2.0, tiered=True)
+    cold = dataclasses.replace(p, current={w: None for w in p.workers}, resident={})
+    fresh = dataclasses.replace(p, current={}, resident={})
+    a = plan_unified(cold, formulation="milp", backend="highs", switch_tolerance=0.02)
+    b = plan_unified(fresh, formulation="milp", backend="highs", switch_tolerance=0.02)
+    assert a.objective == pytest.approx(b.objective)
+    assert Counter(a.assignment.values()) == Counter(b.assignment.values())
+    assert a.moved_workers == 0 and a.switch_cost == 0.0
+
+
 def test_overload_cuts_batch_before_standard_before_interactive():
     tiers = nitsum_tiers(10.0, {"interactive": 0.2, "standard": 0.3, "batch": 0.5}, headroom={"interactive": 1.5})
     # 4 workers serve at most 240 QPM on the 1 s path; the demand is 400 QPM
