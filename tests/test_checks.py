@@ -1,11 +1,10 @@
 """Looks inside the control period (``Policy.check_s``, :attr:`PlanTrigger.CHECK`): argus+ re-plans
 within the minute when the demand predictor, had the period ended now, would read a demand outside
 its plan's band, and keeps its plan otherwise; the simulator and the live control loop show the
-policy the same period so far, which goes on counting."""
+policy the same period so far, which goes on counting (that part of the contract is in
+tests/test_decision_path.py)."""
 
 from __future__ import annotations
-
-import asyncio
 
 import numpy as np
 import pytest
@@ -13,7 +12,7 @@ import pytest
 from argusdiff.domain import PlanTrigger
 from argusdiff.period import PeriodStats, cluster_stats
 from argusdiff.policies import make_policy
-from argusdiff.predictors import DemandPredictor, bin_length_s
+from argusdiff.predictors import DemandPredictor
 from argusdiff.profile import load_profile
 
 
@@ -87,59 +86,3 @@ def test_the_simulator_replans_inside_the_period_on_a_burst_and_only_with_checks
     assert len(inside) < len(with_checks)  # not every check re-plans
     without = plan_times(checks=False)
     assert all(abs(t / 60.0 - round(t / 60.0)) < 1e-6 for t in without)
-
-
-def test_the_live_loop_shows_the_policy_the_period_so_far_as_the_simulator_does():
-    """One decision path for checks: the live control loop's CHECK stats (the period so far, binned
-    from the period's start) equal the simulator's for the same arrivals; the period goes on
-    counting; a check whose plan is the policy's last publishes nothing."""
-    from fixtures_service import service_settings
-
-    from argusdiff.service.app import Service
-    from argusdiff.simulator import SimConfig, Simulator, quick_workload
-
-    async def scenario():
-        service = Service(service_settings(profile="sdxl-ac-a100", workers=0, policy="argus+", control_period_s=60.0))
-        await service.dispatch.start()
-        store, control, router = service.store, service.control, service.router
-        assert control.check_s == 10.0
-        store.beat("w1", {"level": None}, ttl_s=60)
-        start = 1_000_000.3
-        control.last_tick = start - 60.0
-        control.clock = lambda: start
-        for k in range(60):  # a first period at 60 QPM
-            router._arrived(start - 60.0 + k + 0.5, 1)
-        await control.tick()
-        version = store.read_plan().version
-        seen = []
-        plan = service.policy.plan
-        service.policy.plan = lambda stats: seen.append(stats) or plan(stats)
-        control.clock = lambda: start + 20.0
-        times = [start + 2.0 + 0.5 * k for k in range(6)]
-        for t in times:
-            router._arrived(t, 1)
-        assert await control.check() is None  # six requests in 20 s: the plan stands
-        assert store.read_plan().version == version
-        burst = [start + 11.0 + 0.05 * k for k in range(150)]
-        for t in burst:
-            router._arrived(t, 1)
-        fresh = await control.check()
-        assert fresh is not None and store.read_plan().version > version
-        first, second = seen
-        assert first.reason is PlanTrigger.CHECK and first.period_s == pytest.approx(20.0)
-        assert second.arrivals == 156 and sum(second.arrival_bins) == 156
-        assert router.period.arrivals == 156  # not taken: the period goes on
-        await service.dispatch.close()
-        # the simulator shows the same period so far the same way
-        wl = quick_workload("poisson:qpm=60,duration=2m", [service.profile], n_prompts=50)
-        sim = Simulator(service.policy, wl, SimConfig(gpus=1))
-        sim.run()
-        got = sim._stats(
-            start + 20.0, 20.0, 156, np.zeros(0, dtype=np.int64), np.array(times + burst), reason=PlanTrigger.CHECK
-        )
-        assert got.arrival_bins == second.arrival_bins and got.bin_s == second.bin_s == bin_length_s(
-            service.policy.predictor_spec
-        )
-        assert got.reason is PlanTrigger.CHECK and got.arrivals == second.arrivals
-
-    asyncio.run(scenario())

@@ -11,6 +11,10 @@ is ``PER_WORKER`` (Proteus) also the worker that served it, which both paths tak
 pick (for a ``SHARED`` one the worker is whichever pulls first, in both paths alike). Requests arrive one at a
 time (each done before the next), so both paths observe idle queues; per-request deadlines and
 minimum quality levels vary so that floors, refusals, deferrals and drops all happen.
+
+The control path's looks inside a period (``Policy.check_s``, argus+'s re-planning within the
+minute) are held to the same contract: the live control loop shows the policy the same period so
+far as the simulator does, and publishes only a plan the policy made anew.
 """
 
 from __future__ import annotations
@@ -571,3 +575,61 @@ def test_live_view_counts_a_per_worker_policys_queue_by_its_worker():
     router.on_done("r0", {"level": lv, "ok": True})
     assert router.view(0.0, plan, None, 10.0).queue_lengths == {"w0": 2, "w1": 0}
     assert router.worker_load["w0"] == 2 and router.level_load[lv] == 2
+
+
+def test_the_live_loop_shows_the_policy_the_period_so_far_as_the_simulator_does():
+    """One decision path for checks: the live control loop's CHECK stats (the period so far, binned
+    from the period's start) equal the simulator's for the same arrivals; the period goes on
+    counting; a check whose plan is the policy's last publishes nothing."""
+    from fixtures_service import service_settings
+
+    from argusdiff.domain import PlanTrigger
+    from argusdiff.predictors import bin_length_s
+    from argusdiff.service.app import Service
+    from argusdiff.simulator import Simulator
+
+    async def scenario():
+        service = Service(service_settings(profile="sdxl-ac-a100", workers=0, policy="argus+", control_period_s=60.0))
+        await service.dispatch.start()
+        store, control, router = service.store, service.control, service.router
+        assert control.check_s == 10.0
+        store.beat("w1", {"level": None}, ttl_s=60)
+        start = 1_000_000.3
+        control.last_tick = start - 60.0
+        control.clock = lambda: start
+        for k in range(60):  # a first period at 60 QPM
+            router._arrived(start - 60.0 + k + 0.5, 1)
+        await control.tick()
+        version = store.read_plan().version
+        seen = []
+        plan = service.policy.plan
+        service.policy.plan = lambda stats: seen.append(stats) or plan(stats)
+        control.clock = lambda: start + 20.0
+        times = [start + 2.0 + 0.5 * k for k in range(6)]
+        for t in times:
+            router._arrived(t, 1)
+        assert await control.check() is None  # six requests in 20 s: the plan stands
+        assert store.read_plan().version == version
+        burst = [start + 11.0 + 0.05 * k for k in range(150)]
+        for t in burst:
+            router._arrived(t, 1)
+        fresh = await control.check()
+        assert fresh is not None and store.read_plan().version > version
+        first, second = seen
+        assert first.reason is PlanTrigger.CHECK and first.period_s == pytest.approx(20.0)
+        assert second.arrivals == 156 and sum(second.arrival_bins) == 156
+        assert router.period.arrivals == 156  # not taken: the period goes on
+        await service.dispatch.close()
+        # the simulator shows the same period so far the same way
+        wl = quick_workload("poisson:qpm=60,duration=2m", [service.profile], n_prompts=50)
+        sim = Simulator(service.policy, wl, SimConfig(gpus=1))
+        sim.run()
+        got = sim._stats(
+            start + 20.0, 20.0, 156, np.zeros(0, dtype=np.int64), np.array(times + burst), reason=PlanTrigger.CHECK
+        )
+        assert got.arrival_bins == second.arrival_bins and got.bin_s == second.bin_s == bin_length_s(
+            service.policy.predictor_spec
+        )
+        assert got.reason is PlanTrigger.CHECK and got.arrivals == second.arrivals
+
+    asyncio.run(scenario())
