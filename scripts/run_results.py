@@ -30,8 +30,11 @@ Sections (each says its trace, SLO, predictor and what is synthetic):
 Usage: python scripts/run_results.py [--out docs/results.md] [--keep DIR] [--sections a,b,...]
 Quality: SYNTHETIC tables (traces.synthetic) unless --quality FILE; the classifier is the oracle
 stand-in with 10% confusion unless --classifier DIR. Every table says which.
-Admission after the policies is off in every table (``--no-admission``): each policy runs as its
-paper ran it; ``argusdiff replay`` turns it on by default.
+Admission after the policies: **on** (the product's default, as ``argusdiff replay`` and ``argusdiff
+serve`` run it) in the product's sections, one plan over every path, faults and stress, which come
+first; **off** (``--no-admission``: the papers' setting, each policy alone as its paper ran it) in
+ARGUS's comparison, the papers' load (but its ``argus+, admission on`` row), the predictor tables,
+"As published" and DiffServe's comparison. Every section's header says which.
 """
 
 from __future__ import annotations
@@ -61,9 +64,19 @@ READINGS = [  # (label, predictor spec) for the predictor section
 ]
 
 
+#: the sections run with the product's defaults (admission on), ahead of the papers' setting
+PRODUCT_SECTIONS = ("unified", "faults", "stress")
+PAPERS_SETTING = (
+    "_The papers' setting: admission after the policies is off (`--no-admission`), each policy alone, as its "
+    "paper ran it._\n\n"
+)
+PRODUCT_SETTING = "_The product's defaults: admission after the policies is on, as `argusdiff replay` runs it._\n\n"
+
+
 def ReplaySpec(**fields):  # stands for argusdiff.replay.ReplaySpec
     """A replay of these tables: admission off (``argusdiff replay --no-admission``), so each policy
-    runs alone, as its paper ran it; the tables say so in their header."""
+    runs alone, as its paper ran it, unless the spec says ``admission=True`` (the product's sections,
+    :data:`PRODUCT_SECTIONS`); the tables say so in their header."""
     from argusdiff.replay import ReplaySpec as Spec
 
     return Spec(**{"admission": False, **fields})
@@ -74,20 +87,25 @@ def fmt_pct(x: float) -> str:
 
 
 def md_table(result, *, labels=None) -> str:
+    """One row per policy; with admission on (the product's sections) also the requests admission
+    refused and, in brackets, those of them the simulator estimates would have met their SLO."""
+    admission = str(getattr(result, "provenance", {}).get("admission", "off"))
+    admitted = admission.startswith("on") or any(s.get("refused") for s in result.summaries.values())
     head = (
         "| policy | profile | SLO viol. | rel. quality | goodput QPM | GPU util. | model loads | p99 s "
-        "| K>0 lookups | misses (of them late) |"
+        "| K>0 lookups | misses (of them late) |" + (" refused (false) |" if admitted else "")
     )
-    lines = [head, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [head, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if admitted else "")]
     for label, s in result.summaries.items():
         if labels is not None and label not in labels:
             continue
         looks = s.get("cache_lookups", 0)
         miss = f"{s.get('cache_misses', 0)} ({s.get('miss_violations', 0)})" if looks else "-"
+        refused = f" {s.get('refused', 0)} ({s.get('false_refusals') or 0}) |" if admitted else ""
         lines.append(
             f"| {label} | {s['profile']} | {fmt_pct(s['slo_violation_ratio'])} | {fmt_pct(s['relative_quality'])} | "
             f"{s['goodput_qpm']:.1f} | {100 * s['gpu_utilization']:.0f}% | {s['model_switches']} | "
-            f"{s['latency_p99_s']:.1f} | {looks if looks else '-'} | {miss} |"
+            f"{s['latency_p99_s']:.1f} | {looks if looks else '-'} | {miss} |{refused}"
         )
     return bound_hook(result, lines, labels)
 
@@ -109,9 +127,9 @@ def bound_hook(result, lines: list[str], labels=None) -> str:
     shown = {s["profile"] for s in rows}
     for name, b in bounds.items():
         if name in shown:
+            dashes = lines[0].count("|") - 4  # every column after the four it fills, and the gap
             out.append(
-                f"| *{BOUND_LABEL}* | {name} | {fmt_pct(b.min_violation)} | {fmt_pct(b.quality)} | "
-                "- | - | - | - | - | - | - |"
+                f"| *{BOUND_LABEL}* | {name} | {fmt_pct(b.min_violation)} | {fmt_pct(b.quality)} |" + " - |" * dashes
             )
     return "\n".join(out)
 
@@ -237,9 +255,9 @@ def unified_section(traces, common, rule, keep) -> str:
     parts = [
         UNIFIED_START,
         "## One plan over every path: argus+ on unified-a100\n\n"
-        f"{rule} `argus+`: argus+ planning the AC levels, the smaller models and the three cascades of "
-        "`unified-a100` in one plan (`solver.unified`, per SLO tier); `argus+ (AC)`: argus+ on the AC ladder "
-        "alone (no default row); `-cascades`, `-AC`, `-SM`: the same without "
+        f"{PRODUCT_SETTING}{rule} `argus+`: argus+ planning the AC levels, the smaller models and the three "
+        "cascades of `unified-a100` in one plan (`solver.unified`, per SLO tier); `argus+ (AC)`: argus+ on the AC "
+        "ladder alone (no default row); `-cascades`, `-AC`, `-SM`: the same without "
         "that kind of path; `-tiers`: without tier awareness (one tier for every request in the plan, the queues "
         "and admission). Its quality model (per-class quality and each "
         "cascade's f_c(t) and kept-image quality) is profiled on the prompt set's quality table and the "
@@ -254,7 +272,9 @@ def unified_section(traces, common, rule, keep) -> str:
     checks = []
     for key, (trace, desc) in traces.items():
         t0 = time.perf_counter()
-        res = run_replay(ReplaySpec(**common, trace=trace, policies=list(DEFAULT_POLICIES), ablation=True))
+        res = run_replay(
+            ReplaySpec(**common, trace=trace, policies=list(DEFAULT_POLICIES), ablation=True, admission=True)
+        )
         keep(res, f"unified-{key}")
         own = [lb for lb in res.summaries if lb == UNIFIED_LABEL or lb.startswith(f"{UNIFIED_LABEL} -")]
         labels = [*FIELD, *own, "argus+ (AC)"]
@@ -294,7 +314,9 @@ def unified_section(traces, common, rule, keep) -> str:
     # the tier target: interactive violations with tiers vs the same planner without
     rows = []
     for lf, what in ((0.9, "scaled to 90% like the traces above"), (2.0, "at twice that load (a stress row)")):
-        res = run_replay(ReplaySpec(**common, trace=TIER_TRACE, policies=["argus+"], ablation=True, load_fraction=lf))
+        res = run_replay(
+            ReplaySpec(**common, trace=TIER_TRACE, policies=["argus+"], ablation=True, load_fraction=lf, admission=True)
+        )
         for label in ("argus+ (AC)", UNIFIED_LABEL, f"{UNIFIED_LABEL} -tiers"):
             s = res.summaries[label]
             tiers = s.get("tiers") or {}
@@ -444,7 +466,7 @@ def papers_section(sources: dict[str, tuple[str, str, float | None]], common, ke
 
 
 #: every section of the generated part of results.md, in its order (``--sections`` picks some)
-SECTIONS = ("argus", "papers", "predictor", "published", "diffserve", "unified", "faults", "stress")
+SECTIONS = ("unified", "faults", "stress", "argus", "papers", "predictor", "published", "diffserve")
 TABLES = "<!-- tables -->"
 
 
@@ -568,7 +590,7 @@ def main() -> int:
         t_sec["argus"] = time.perf_counter()
         add(
             "argus",
-            "## ARGUS's comparison: traces scaled to the cluster\n\n"
+            f"## ARGUS's comparison: traces scaled to the cluster\n\n{PAPERS_SETTING}"
             f"{rule} Every policy plans with the same demand predictor and margin (rows `… margin 1.2` plan 20% "
             "headroom). `… (SM)`: the policy on the smaller-model ladder (`sm-a100`, ARGUS Table 2 latencies); "
             "`argus+`: argus+ planning every path of `unified-a100`; `argus+ (AC)`: argus+ on the AC ladder alone; "
@@ -634,7 +656,7 @@ def main() -> int:
                     rows.append((key, label, pol, s))
             print(f"predictor/{key}: {time.perf_counter() - t0:.0f} s", flush=True)
         lines = [
-            "## Demand predictor: ARGUS, Proteus and argus+ under each reading\n",
+            f"## Demand predictor: ARGUS, Proteus and argus+ under each reading\n\n{PAPERS_SETTING}",
             f"Same traces and rule as above ({rule}). One row per reading; each cell: SLO violations / relative "
             "quality / model loads / gap to the clairvoyant bound (points, [bound.md](bound.md)). `source` is "
             "each policy's own reading: ARGUS's paper gives none beyond \"the "
@@ -662,7 +684,7 @@ def main() -> int:
         keep(res, "published-azure")
         add(
             "published",
-            "## As published: each policy with its own source's demand predictor\n\n"
+            f"## As published: each policy with its own source's demand predictor\n\n{PAPERS_SETTING}"
             f"### azure: {desc}\n\n{provenance_line(res)}\n\n{md_table(res)}\n",
         )
         print(f"published: {time.perf_counter() - t0:.0f} s", flush=True)
@@ -705,7 +727,7 @@ def main() -> int:
         }
         add(
             "diffserve",
-            "## DiffServe's comparison: its cascades, SLOs and traces\n\n"
+            f"## DiffServe's comparison: its cascades, SLOs and traces\n\n{PAPERS_SETTING}"
             "DiffServe's three cascades at its SLOs (§4.1: 5 s for the SD-1.5 cascades, 15 s for the SDXL pair) "
             "against its baselines: DiffServe-Static (provisioned for the trace's peak, fixed threshold), Proteus "
             "(the two models as a two-level ladder), Clipper-Heavy / -Light. Rows `diffserve (artifact EWMA ...)`: "
@@ -801,7 +823,7 @@ def main() -> int:
         t0 = time.perf_counter()
         trace, desc = traces["azure"]
         faults = "argus;cache@5h+30m"
-        spec = {**common, "trace": trace, "faults": faults}
+        spec = {**common, "trace": trace, "faults": faults, "admission": True}
         res = run_replay(ReplaySpec(**spec, policies=policies))
         merge_runs(res, {**spec, "profile": "sm-a100", "unified": False, "policies": ["argus", "argus+"]}, sm_label)
         merge_runs(
@@ -812,7 +834,7 @@ def main() -> int:
         keep(res, "faults")
         add(
             "faults",
-            "## Faults (ARGUS §5.6)\n\n"
+            f"## Faults (ARGUS §5.6)\n\n{PRODUCT_SETTING}"
             f"### faults: {desc}, half the workers off for 40 min at 1.5 h and 3.6 h, the cache store down for "
             f"30 min at 5 h\n\n{provenance_line(res)}\n\n{md_table(res)}\n",
         )
@@ -835,11 +857,11 @@ def main() -> int:
         scaled_trace(args.twitter, 2 * peak, tmp / "twitter-2x.csv", drop_slo=True)
         parts = [
             "## Stress beyond capacity (these rows measure the trace as much as the policy)\n\n"
-            "Traces whose load exceeds what the 8-worker AC cluster can serve at its fastest level for long "
-            "stretches; every AC policy saturates there."
+            f"{PRODUCT_SETTING}Traces whose load exceeds what the 8-worker AC cluster can serve at its fastest "
+            "level for long stretches; every AC policy saturates there."
         ]
         for key, (trace, desc) in stress.items():
-            spec = {**common, "trace": trace}
+            spec = {**common, "trace": trace, "admission": True}
             res = run_replay(ReplaySpec(**spec, policies=policies))
             merge_runs(res, {**spec, "profile": "sm-a100", "unified": False, "policies": ["argus+"]}, sm_label)
             merge_runs(
