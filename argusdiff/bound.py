@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from argusdiff.domain import DEFAULT_TIER_SLO, ApproxLevel, Profile
+from argusdiff.domain import DEFAULT_TIER_SLO, ApproxLevel, Profile, Tier
 from argusdiff.errors import ConfigError
 
 __all__ = [
@@ -149,7 +149,7 @@ def request_slos(workload: Any, slo_s: float, tier_slo: Mapping[str, float] | No
     factors = dict(DEFAULT_TIER_SLO if tier_slo is None else tier_slo)
     n = workload.n_requests
     if workload.tier is None:
-        slo = np.full(n, float(slo_s) * factors.get("standard", 1.0))
+        slo = np.full(n, float(slo_s) * factors.get(Tier.STANDARD.value, 1.0))
     else:
         unknown = sorted(set(workload.tier) - set(factors))
         if unknown:

@@ -29,7 +29,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from argusdiff.domain import DEFAULT_TIER_SLO, TIER_PRIORITY, ApproxLevel, CascadeSpec, Profile, Strategy
+from argusdiff.domain import DEFAULT_TIER_SLO, TIER_PRIORITY, ApproxLevel, CascadeSpec, Profile, Strategy, Tier
 from argusdiff.errors import ConfigError
 
 __all__ = [
@@ -354,7 +354,9 @@ def problem_from_profile(
         raise ConfigError(f"cascade_tables: no cascade starts at {', '.join(unknown)}")
     paths = _paths(profile, stages, lights, tables, hit_rate, cache_latency_s)
     wids, cur, res = _worker_state(profile, workers, current, resident)
-    tier_specs = tuple(tiers) if tiers else (TierSpec("standard", 1.0, profile.default_slo_s(), 1.0, headroom),)
+    tier_specs = (
+        tuple(tiers) if tiers else (TierSpec(Tier.STANDARD.value, 1.0, profile.default_slo_s(), 1.0, headroom),)
+    )
     return UnifiedProblem(
         classes=profile.ids,
         affinity=_shares(affinity, profile.ids, "affinity"),

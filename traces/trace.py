@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from argusdiff.domain import TIER_PRIORITY
 from argusdiff.errors import ConfigError
 
 __all__ = [
@@ -34,7 +35,7 @@ __all__ = [
 
 PROMPT_ORDERS = ("random", "sequential")
 MAX_REQUESTS = 50_000_000  # a generated trace larger than this is a typo, not a workload
-TIERS = ("interactive", "standard", "batch")  # argusdiff.domain.Tier values
+TIERS: tuple[str, ...] = TIER_PRIORITY  # the argusdiff.domain.Tier values, interactive first
 
 
 class TraceError(ConfigError):

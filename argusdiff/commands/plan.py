@@ -17,7 +17,7 @@ import json
 import math
 from collections.abc import Sequence
 
-from argusdiff.domain import TIER_PRIORITY
+from argusdiff.domain import TIER_PRIORITY, Tier
 from argusdiff.errors import ConfigError
 
 
@@ -323,7 +323,7 @@ def _run_unified(args, profile, settings, backend) -> int:
     tiers = (
         nitsum_tiers(slo, mix, headroom=dict.fromkeys(mix, args.margin))
         if mix
-        else (TierSpec("standard", 1.0, slo, 1.0, args.margin),)
+        else (TierSpec(Tier.STANDARD.value, 1.0, slo, 1.0, args.margin),)
     )
     specs = list(profile.cascade_specs)
     problem = problem_from_profile(

@@ -41,6 +41,7 @@ from argusdiff.domain import (
     Request,
     RouteReason,
     Strategy,
+    Tier,
     Timeliness,
 )
 from argusdiff.latency import scaled_profile
@@ -63,7 +64,7 @@ UNIFIED_FORMULATION = "milp"
 def _first(tier: str, tiers: Mapping[str, float]) -> bool:
     """Whether ``tier`` is the interactive tier of a mix with lower tiers behind it (the tier whose
     capacity is reserved first; a mix of one tier reserves nothing)."""
-    return tier == "interactive" and len(tiers) > 1
+    return tier == Tier.INTERACTIVE.value and len(tiers) > 1
 
 
 def grid_points(n: int, points: int | None) -> tuple[int, ...]:
@@ -165,7 +166,7 @@ def unified_plan(
             headroom={t: margin * (o.first_tier_headroom if _first(t, tiers) else 1.0) for t in tiers},
         )
     else:
-        tier_specs = (TierSpec("standard", 1.0, slo, 1.0, margin),)
+        tier_specs = (TierSpec(Tier.STANDARD.value, 1.0, slo, 1.0, margin),)
     scale = dict(stats.latency_scale) if o.measured else {}
     problem = problem_from_profile(
         scaled_profile(profile, scale),

@@ -58,11 +58,11 @@ MAX_SEED = 2**32 - 1
 OPENAI_SIZES = ("256x256", "512x512", "1024x1024", "1792x1024", "1024x1792", "1536x1024", "1024x1536")
 #: OpenAI ``service_tier`` values and the argusdiff tier each means by default ([service] service_tiers)
 DEFAULT_SERVICE_TIERS = {
-    "auto": "standard",
-    "default": "standard",
-    "flex": "batch",
-    "priority": "interactive",
-    "scale": "interactive",
+    "auto": Tier.STANDARD.value,
+    "default": Tier.STANDARD.value,
+    "flex": Tier.BATCH.value,
+    "priority": Tier.INTERACTIVE.value,
+    "scale": Tier.INTERACTIVE.value,
 }
 #: ``quality`` values that ask for the best level (no approximation).
 BEST_QUALITIES = ("hd", "high")
