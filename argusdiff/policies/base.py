@@ -5,7 +5,10 @@ A policy has two entry points (ARGUS Fig. 3):
 * ``plan(stats) -> Plan`` on the control path, once per control period: which level each worker
   runs and how prompts are redistributed over the levels (the PASM);
 * ``route(request, plan, view) -> Assignment`` on the data path, once per request: the level
-  and the worker that serve it (or a drop).
+  that serves it (or a drop). Which worker runs it is the delivery's (:attr:`Policy.delivery`):
+  by default (``Delivery.SHARED``) the level's queue is pulled by its workers and the request
+  starts on whichever frees up first; only a ``Delivery.PER_WORKER`` policy's
+  ``Assignment.worker`` puts it on one worker's queue (elsewhere that field is a hint, unused).
 
 Policies are pure: no I/O, no wall clock, randomness only from the injected
 ``numpy.random.Generator``. What the data path may observe is a :class:`RouteView`, which the
@@ -345,12 +348,14 @@ class Policy(abc.ABC):
 
     @abc.abstractmethod
     def route(self, request: Request, plan: Plan, view: RouteView) -> Assignment:
-        """The level and worker that serve ``request`` under ``plan``."""
+        """The level that serves ``request`` under ``plan`` (or a drop); a ``Delivery.PER_WORKER``
+        policy also picks the worker whose queue it waits in (:attr:`delivery`)."""
 
     def route_heavy(self, request: Request, plan: Plan, view: RouteView) -> Assignment:
-        """A cascade deferral (the light image was rejected): the heavy level and worker that redo
-        it, a drop, or :attr:`~argusdiff.domain.Outcome.KEPT`: the light image is the answer.
-        Default (a policy that does not cascade): the light image."""
+        """A cascade deferral (the light image was rejected): the heavy level that redoes it (and,
+        under ``Delivery.PER_WORKER``, its worker), a drop, or
+        :attr:`~argusdiff.domain.Outcome.KEPT`: the light image is the answer. Default (a
+        policy that does not cascade): the light image."""
         return Assignment(
             level=None,
             reason="the policy does not cascade: light image returned",
@@ -416,7 +421,8 @@ class Policy(abc.ABC):
 
     def at_least(self, request: Request, plan: Plan, view: RouteView, a: Assignment) -> Assignment:
         """``a``, or, when its level is below the request's ``min_quality_level``, the fastest level
-        of ``plan`` with a worker that is at least as good (its least loaded worker); no such level:
+        of ``plan`` with a worker that is at least as good (its least loaded worker as the
+        ``Delivery.PER_WORKER`` pick); no such level:
         dropped (:attr:`~argusdiff.domain.Refusal.FLOOR_UNMET`). A tier needs nothing here: it sets
         the request's SLO."""
         floor = request.min_quality_level
