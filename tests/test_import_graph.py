@@ -198,3 +198,26 @@ def test_subsystem_packages_import_only_argusdiffs_leaves():
     # the leaves stay leaves: standard library only (tracing imports OpenTelemetry lazily, when on)
     for leaf in ("argusdiff.loading", "argusdiff.batching", "argusdiff.tracing"):
         assert not graph[leaf], (leaf, graph[leaf])
+
+
+#: what the transports (``argusdiff.service.transport``) may import from the rest of the service:
+#: its errors, the image store and the plan's wire form. The HTTP layer hands down what the
+#: transport needs (the idempotent request's enqueue guard: ``transport.guard``), never the reverse
+TRANSPORT_MAY_IMPORT = {"argusdiff.service.errors", "argusdiff.service.images", "argusdiff.service.plans"}
+
+
+def test_the_transport_imports_nothing_above_it():
+    graph = import_graph(ROOT)
+    wrong = sorted(
+        f"{mod} imports {dep} (line {line})"
+        for mod, deps in graph.items()
+        if mod.startswith("argusdiff.service.transport")
+        for dep, line in deps.items()
+        if dep.startswith("argusdiff.service")
+        and not dep.startswith("argusdiff.service.transport")
+        and dep not in TRANSPORT_MAY_IMPORT
+    )
+    assert not wrong, "\n".join(wrong)
+    # and those import nothing of the service themselves
+    for leaf in sorted(TRANSPORT_MAY_IMPORT):
+        assert not [d for d in graph[leaf] if d.startswith("argusdiff.service")], (leaf, graph[leaf])

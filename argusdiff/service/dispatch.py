@@ -43,8 +43,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from argusdiff.service.errors import QueueUnavailable, ShuttingDown, WorkLost
-from argusdiff.service.idempotency import current_guard
 from argusdiff.service.images import ImageStore, encode, image_id
+from argusdiff.service.transport.guard import current_guard
 from argusdiff.service.transport.memory import LocalWorkQueue, ResultMemory
 from argusdiff.service.transport.protocol import summarize
 from workers.cancel import CANCELLED

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import dataclasses
 import hashlib
 import json
@@ -43,8 +42,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from argusdiff.service.errors import ApiError, QueueUnavailable
+from argusdiff.service.errors import ApiError
 from argusdiff.service.router import Submission
+from argusdiff.service.transport.guard import EnqueueGuard, IdempotencyConflict, current_guard, guarding
 
 __all__ = ["HEADER", "EnqueueGuard", "IdempotencyConflict", "IdempotentSubmit", "Replayed", "current_guard"]
 
@@ -52,35 +52,6 @@ HEADER = "Idempotency-Key"
 MAX_KEY_CHARS = 255
 RESERVE_S = 30.0  # a reservation outlives any live router's submit by far
 WAIT_RESERVED_S = 5.0  # how long a retry waits for another router's reservation to resolve
-
-
-class IdempotencyConflict(QueueUnavailable):
-    """The reservation changed under an enqueue (another router took it over): nothing was
-    queued. A :class:`QueueUnavailable` so the router undoes its bookkeeping as for any refused
-    enqueue; :class:`IdempotentSubmit` answers it as 409."""
-
-
-@dataclass(slots=True)
-class EnqueueGuard:
-    """What the enqueue transaction checks and writes for an idempotent request (Redis)."""
-
-    key: str
-    reservation: str  # the value we reserved the key with
-    fingerprint: str
-    router: str
-    ttl_s: float
-    conflict: bool = False
-
-    def accepted(self, gid: str) -> str:
-        return json.dumps({"state": "accepted", "gid": gid, "fp": self.fingerprint, "router": self.router})
-
-
-_GUARD: contextvars.ContextVar[EnqueueGuard | None] = contextvars.ContextVar("argusdiff_enqueue_guard", default=None)
-
-
-def current_guard() -> EnqueueGuard | None:
-    """The guard of the request being submitted in this task (read by the Redis enqueue)."""
-    return _GUARD.get()
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,9 +247,9 @@ class IdempotentSubmit:
         """This attempt holds the reservation: route it; the enqueue makes the key final (Redis)
         and keeps the images for a retry (the dispatch reads the guard too)."""
         guard = EnqueueGuard(key=key, reservation=text, fingerprint=fp, router=self.router_id, ttl_s=self.ttl_s)
-        token = _GUARD.set(guard)
         try:
-            sub = await self.router.submit(spec)
+            with guarding(guard):
+                sub = await self.router.submit(spec)
         except ApiError:
             if guard.conflict:
                 raise ApiError(
@@ -293,8 +264,6 @@ class IdempotentSubmit:
         except BaseException:
             await self._give_back(key, mine, text)
             raise
-        finally:
-            _GUARD.reset(token)
         if self.redis is None:
             self.local.set(key, {"state": "accepted", "gid": sub.id, "fp": fp, "router": self.router_id}, self.ttl_s)
         self._remember(sub.id)

@@ -18,6 +18,7 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.exceptions import RedisError, ResponseError
 
 from argusdiff.service.errors import QueueUnavailable
+from argusdiff.service.transport.guard import IdempotencyConflict, current_guard
 from argusdiff.service.transport.protocol import summarize
 from argusdiff.service.transport.redis_client import async_client, is_cluster_client
 from argusdiff.service.transport.redis_scripts import CANCEL_QUEUED, CLAIM_HANDOFF, CLOCK, ENQUEUE, ENQUEUE_LEVEL
@@ -125,17 +126,15 @@ class AsyncRedisDispatch:
         sending, measured on Redis's clock (read at most :data:`CLOCK_READING_S` before), so an
         enqueue that raised :class:`QueueUnavailable` never runs later: a refusal is true.
 
-        For a request sent with an ``Idempotency-Key`` (:func:`argusdiff.service.idempotency.current_guard`)
+        For a request sent with an ``Idempotency-Key`` (:func:`argusdiff.service.transport.guard.current_guard`)
         the step also turns the key's reservation into the accepted generation id, and runs only
         while the reservation is still ours; else nothing is queued and
-        :class:`~argusdiff.service.idempotency.IdempotencyConflict` is raised.
+        :class:`~argusdiff.service.transport.guard.IdempotencyConflict` is raised.
 
         On a Redis Cluster the levels' streams and the record are in different slots, so one step
         cannot hold them: :meth:`_enqueue_by_slot` queues the items level by level, then writes the
         record under the same deadline, and that write is the acceptance (workers run an item only
         once its request's record exists, :meth:`RedisWorkQueue._accepted`)."""
-        from argusdiff.service.idempotency import current_guard
-
         guard = current_guard() if record is not None else None
         items = list(items)
         if any(k in item.meta for item in items for k in INPUT_REFS):
@@ -181,8 +180,6 @@ class AsyncRedisDispatch:
         return self._outcome(decode(reply[0]), items, [decode(r) for r in reply[1:]], guard)
 
     def _outcome(self, status: str, items: list[WorkItem], entries: list[str | None], guard: Any) -> list[str | None]:
-        from argusdiff.service.idempotency import IdempotencyConflict
-
         if status == "ok":
             return [None if e is None else _entry_ref(item, e) for item, e in zip(items, entries, strict=True)]
         if status == "exists":
