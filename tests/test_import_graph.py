@@ -195,6 +195,10 @@ def test_subsystem_packages_import_only_argusdiffs_leaves():
         if dep.split(".")[0] == "argusdiff" and dep not in SUBSYSTEM_MAY_IMPORT
     )
     assert not wrong, "\n".join(wrong)
+    # traces/ reads [traces] through traces.settings' source, which argusdiff.config installs
+    assert not [
+        (m, d) for m, deps in graph.items() if m.split(".")[0] == "traces" for d in deps if d == "argusdiff.config"
+    ]
     # the leaves stay leaves: standard library only (tracing imports OpenTelemetry lazily, when on)
     for leaf in ("argusdiff.loading", "argusdiff.batching", "argusdiff.tracing"):
         assert not graph[leaf], (leaf, graph[leaf])

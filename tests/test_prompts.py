@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+import argusdiff.config  # installs [traces], with ARGUSDIFF_TRACES__*, as traces.settings' source)
 from traces.prompts import BUILTIN_KINDS, PromptSetError, builtin_prompts, load_prompts
 
 
@@ -26,6 +27,23 @@ def test_diffusiondb_is_the_default_set(monkeypatch):
     assert d.prompts == load_prompts("diffusiondb").prompts
     assert d.prompts[0].startswith("a renaissance portrait")
     monkeypatch.setenv("ARGUSDIFF_TRACES__PROMPTS", "builtin")
+    assert load_prompts(None).generated
+
+
+def test_traces_read_their_settings_from_the_installed_source(monkeypatch):
+    """traces/ imports no configuration: it asks the source the application installs
+    (argusdiff.config installs [traces]); with none it takes its defaults, which [traces]'s are."""
+    from dataclasses import asdict, replace
+
+    from traces import settings
+
+    assert settings.traces_settings().prompts == "diffusiondb"  # argusdiff.config's source
+    cfg = argusdiff.config.TracesConfig()
+    assert {k: getattr(cfg, k) for k in asdict(settings.DEFAULTS)} == asdict(settings.DEFAULTS)
+    monkeypatch.setattr(settings, "_source", None)
+    monkeypatch.setenv("ARGUSDIFF_TRACES__PROMPTS", "builtin")
+    assert settings.traces_settings() is settings.DEFAULTS and not load_prompts(None).generated
+    settings.use_source(lambda: replace(settings.DEFAULTS, prompts="builtin"))
     assert load_prompts(None).generated
 
 

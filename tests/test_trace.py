@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import argusdiff.config  # noqa: F401  (installs [traces], with ARGUSDIFF_TRACES__*, as traces.settings' source)
 from traces.formats import detect_format, load_trace, write_trace
 from traces.generators import GENERATORS, load_shape, parse_duration, parse_spec, rate_curve_trace, scale_shape
 from traces.trace import Trace, TraceError
