@@ -35,6 +35,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from argusdiff.domain import Assignment, ClusterStats, Plan, PlanTrigger, Profile, Request, RouteReason, Strategy
 from argusdiff.policies.base import (
     CommonOptions,
@@ -42,6 +44,7 @@ from argusdiff.policies.base import (
     Policy,
     PolicyError,
     RouteView,
+    frozen_init,
     require,
     select_worker,
     uniform_pasm,
@@ -52,7 +55,7 @@ from solver import DEFAULT_FORMULATION
 from solver.allocate import allocate
 from solver.oda import oda
 
-__all__ = ["Argus", "ArgusOptions", "Pac", "capacity_share"]
+__all__ = ["Argus", "ArgusOptions", "ArgusRouting", "Pac", "capacity_share"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,8 +139,7 @@ class Argus(Policy, name="argus", family="ac"):
         self.returning = False  # SM -> AC: SD-XL loads on every worker before the plan switches
         self.targets: dict[str, str] = {}
         self.requested: dict[str, float] = {}
-        self._routing: PlanRouting | None = None
-        self._lat: list[float] = []
+        self._routing: ArgusRouting | None = None
 
     def known_profiles(self) -> tuple[Profile, ...]:
         return tuple(p for p in (self.profile, self.options.fallback) if p is not None)
@@ -368,45 +370,83 @@ class Argus(Policy, name="argus", family="ac"):
 
     # ---- data path -----------------------------------------------------------------------
 
-    def routing(self, plan: Plan) -> PlanRouting:
+    def routing(self, plan: Plan) -> ArgusRouting:
+        """``plan``'s routing object (:meth:`make_routing`), built once per plan and reused."""
         r = self._routing
-        if r is None or r.plan is not plan:
-            r = self._routing = PlanRouting(plan)
-            prof = self.primary if plan.levels == self.primary.ids else (self.fallback or self.primary)
-            scale = plan.latency_scale  # measured latencies the plan was made with (argus+; else empty)
-            self._lat = [prof.level(lv).latency(1) * scale.get(lv, 1.0) for lv in plan.levels]
+        if r is None or not r.fits(plan):
+            r = self._routing = self.make_routing(plan)
         return r
 
-    def predicted_row(self, request: Request, plan: Plan, view: RouteView, r: PlanRouting) -> int:
-        opt = view.optimal_level
-        if opt is not None and opt in r.index:
-            return r.index[opt]
-        return 0  # unknown prompt: treat it as needing the best level
+    def make_routing(self, plan: Plan) -> ArgusRouting:
+        """The immutable routing of ``plan``: from the plan, its profile (the primary's or the
+        fallback's levels) and whether the policy routes by the prompt's predicted optimal level."""
+        prof = self.primary if plan.levels == self.primary.ids else (self.fallback or self.primary)
+        return ArgusRouting(plan, prof, prompt_aware=self.uses_classifier)
 
     def route(self, request: Request, plan: Plan, view: RouteView) -> Assignment:
-        r = self.routing(plan)
-        row = self.predicted_row(request, plan, view, r)
-        j = r.sample(row, self.rng.random())
-        if not r.workers[j]:
+        return self.routing(plan).route(request, view, self.rng)
+
+
+class ArgusRouting(PlanRouting):
+    """ARGUS's (and PAC's) data path for one plan (§4.4), immutable: the prompt's predicted optimal
+    level v (PAC: row 0, prompt-agnostic), a level v' drawn from PASM row v, and the worker at v'
+    with the smallest queue length × processing time; an AC level above K = 0 while the cache is
+    degraded runs at K = 0 on any planned worker (§4.6). ``lat``: each level's processing time,
+    the profile's scaled by the plan's measured latencies (``Plan.latency_scale``)."""
+
+    __slots__ = ("ac", "everyone", "lat", "prompt_aware")
+
+    def __init__(
+        self,
+        plan: Plan,
+        profile: Profile,
+        *,
+        prompt_aware: bool,
+        workers: tuple[tuple[str, ...], ...] | None = None,
+    ) -> None:
+        super().__init__(plan, workers)
+        scale = plan.latency_scale  # measured latencies the plan was made with (argus+; else empty)
+        frozen_init(
+            self,
+            lat=tuple(profile.level(lv).latency(1) * scale.get(lv, 1.0) for lv in plan.levels),
+            prompt_aware=prompt_aware,
+            ac=plan.strategy is Strategy.AC,
+            everyone=tuple(w for ws in self.workers for w in ws),
+        )
+
+    def row(self, view: RouteView) -> int:
+        """The PASM row of the request: its predicted optimal level's (unknown, or PAC: row 0,
+        the best level)."""
+        if not self.prompt_aware:
+            return 0
+        opt = view.optimal_level
+        if opt is not None and opt in self.index:
+            return self.index[opt]
+        return 0  # unknown prompt: treat it as needing the best level
+
+    def route(self, request: Request, view: RouteView, rng: np.random.Generator) -> Assignment:
+        """One request's assignment; draws one uniform from ``rng``."""
+        j = self.sample(self.row(view), rng.random())
+        if not self.workers[j]:
             # no worker is planned (e.g. every worker is down): the request waits for one
             return Assignment(
-                level=plan.levels[j], worker=None, reason="no worker in the plan", cause=RouteReason.NO_WORKER
+                level=self.levels[j], worker=None, reason="no worker in the plan", cause=RouteReason.NO_WORKER
             )
-        level = plan.levels[j]
-        if plan.strategy is Strategy.AC and j > 0 and not view.cache_healthy:
+        if self.ac and j > 0 and not view.cache_healthy:
             # §4.6: serve at K = 0 at once on the loaded model until the plan switches to SM
             # every AC level shares the model, so any planned worker can run K = 0
-            level = plan.levels[0]
-            worker = select_worker([w for ws in r.workers for w in ws], view, self._lat[0])
             return Assignment(
-                level=level,
-                worker=worker,
+                level=self.levels[0],
+                worker=select_worker(self.everyone, view, self.lat[0]),
                 optimal_level=view.optimal_level,
                 reason="cache degraded",
                 cause=RouteReason.CACHE_DEGRADED,
             )
-        worker = select_worker(r.workers[j], view, self._lat[j])
-        return Assignment(level=level, worker=worker, optimal_level=view.optimal_level)
+        return Assignment(
+            level=self.levels[j],
+            worker=select_worker(self.workers[j], view, self.lat[j]),
+            optimal_level=view.optimal_level,
+        )
 
 
 class Pac(Argus, name="pac", family="ac"):
@@ -417,6 +457,3 @@ class Pac(Argus, name="pac", family="ac"):
 
     def pasm(self, affinity: tuple[float, ...], share: tuple[float, ...]) -> tuple[tuple[float, ...], ...]:
         return uniform_pasm(share)
-
-    def predicted_row(self, request: Request, plan: Plan, view: RouteView, r: PlanRouting) -> int:
-        return 0

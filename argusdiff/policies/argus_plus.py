@@ -54,23 +54,16 @@ from argusdiff.domain import (
     Timeliness,
 )
 from argusdiff.latency import scaled_profile
-from argusdiff.policies.argus import Argus, ArgusOptions
-from argusdiff.policies.base import PolicyError, RouteView, require, select_worker
+from argusdiff.policies.argus import Argus, ArgusOptions, ArgusRouting
+from argusdiff.policies.base import PolicyError, RouteView, frozen_init, require, select_worker
 from argusdiff.policies.mixed import is_mixed, miss_fallback, needs_cache
 from argusdiff.policies.state import import_mapping
-from argusdiff.policies.unified import (
-    STRATEGY_NAMES,
-    UnifiedRouting,
-    route_heavy_unified,
-    route_unified,
-    tier_mix,
-    unified_plan,
-)
+from argusdiff.policies.unified import STRATEGY_NAMES, UnifiedRouting, tier_mix, unified_plan
 from cache.policy import k_for_similarity
 from solver.allocate import allocate
 from solver.paths import DEFAULT_TIER_DEADLINE
 
-__all__ = ["ArgusPlus", "ArgusPlusOptions"]
+__all__ = ["ArgusPlus", "ArgusPlusOptions", "LadderRouting", "MixedLadderRouting"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,13 +142,7 @@ class ArgusPlus(Argus, name="argus+", family="ac"):
             "-checks": {"checks": False},
         }
     )
-    _cache_key: tuple[str, ...] | None = None
-    _cache_flags: tuple[bool, ...] = ()
-    _mixed: bool = False
-    _k0: dict[str, float] = {}  # noqa: RUF012 - replaced per plan, never mutated
-    _urouting: UnifiedRouting | None = None
     _planned: dict[str, str | None] = {}  # noqa: RUF012 - replaced per plan, never mutated
-    _pool_version: tuple[int, int] | None = None
 
     def setup(self) -> None:
         super().setup()
@@ -227,15 +214,9 @@ class ArgusPlus(Argus, name="argus+", family="ac"):
             version=self.next_version(),
         )
 
-    def _unified_routing(self, plan: Plan) -> UnifiedRouting:
-        r = self._urouting
-        if r is None or r.version != plan.version or r.levels != plan.levels:
-            r = self._urouting = UnifiedRouting(plan, self.profile)
-        return r
-
     def route_heavy(self, request: Request, plan: Plan, view: RouteView) -> Assignment:
         """A cascade deferral (unified plans): the pair's heavy level on a worker holding its model."""
-        return route_heavy_unified(self, self._unified_routing(plan), request, plan, view)
+        return self.routing(plan).route_heavy(request, view)
 
     def demand_qpm(self, stats: ClusterStats) -> float:
         """ARGUS's estimate at a period's end; a check's re-plan plans for the check's reading, and
@@ -281,14 +262,24 @@ class ArgusPlus(Argus, name="argus+", family="ac"):
             return {w: self._planned.get(w) for w in stats.workers}
         return super().planned_current(profile, stats)
 
-    def routing(self, plan: Plan):
-        r = super().routing(plan)
-        if self._pooled_plan(plan) and self._pool_version != (plan.version, id(r)):
+    def make_routing(self, plan: Plan) -> Any:
+        """The plan's immutable routing object, one per mode: :class:`UnifiedRouting` (a unified
+        plan), :class:`MixedLadderRouting` (a merged AC+SM ladder: cache misses at AC levels) or
+        :class:`LadderRouting` (an AC or smaller-model ladder; a pooled AC plan has every worker at
+        every level); built from the plan, the profile and the options, never from mutable state."""
+        o = self.options
+        if self.unified:
+            return UnifiedRouting(plan, self.profile, tiers=o.tiers, admission=o.admission, slo_s=self.slo_s)
+        prof = self.primary if plan.levels == self.primary.ids else (self.fallback or self.primary)
+        workers = None
+        if self._pooled_plan(plan):
             # every level of a pooled plan is served by every worker of the pool
             pool = tuple(w for w, lv in plan.assignment.items() if lv is not None)
-            r.workers = tuple(pool for _ in plan.levels)
-            self._pool_version = (plan.version, id(r))
-        return r
+            workers = tuple(pool for _ in plan.levels)
+        kw = {"prompt_aware": self.uses_classifier, "admission": o.admission, "slo_s": self.slo_s, "workers": workers}
+        if is_mixed(prof):
+            return MixedLadderRouting(plan, prof, miss_profile=self.primary, **kw)
+        return LadderRouting(plan, prof, **kw)
 
     def _will_pool(self, profile) -> bool:
         return (
@@ -347,95 +338,98 @@ class ArgusPlus(Argus, name="argus+", family="ac"):
             loads_qpm=expand(alloc.loads_qpm, 0.0),
         )
 
-    def _cache_levels(self, plan: Plan) -> tuple[bool, ...]:
-        """Per plan level: needs a cache hit to run at its profiled speed (mixed ladders only)."""
-        key = plan.levels
-        if self._cache_key != key:
-            prof = self.primary if plan.levels == self.primary.ids else (self.fallback or self.primary)
-            self._cache_flags = tuple(needs_cache(prof.level(lv)) for lv in plan.levels)
-            self._mixed = is_mixed(prof)
-            self._k0 = {
-                lv: prof.ac_base(lv).latency(1) for lv, f in zip(plan.levels, self._cache_flags, strict=True) if f
-            }
-            self._cache_key = key
-        return self._cache_flags
 
-    def _on_miss(self, request: Request, plan: Plan, view: RouteView, a: Assignment, deadline: float) -> Assignment:
-        """Mixed ladder, a cache miss at an AC level: K = 0 on SD-XL if that still meets the
-        deadline, else the best smaller model no slower than the AC level (``miss_fallback``)."""
-        now = view.now_s
-        if max(now, view.busy_until.get(a.worker, now)) + self._k0[a.level] <= deadline:
-            return a
-        r = self.routing(plan)
-        prof = self.primary
-        k = miss_fallback(prof, a.level, [bool(ws) for ws in r.workers])
-        if k is None:
-            return a
-        w = select_worker(r.workers[k], view, self._lat[k])
-        return Assignment(
-            level=plan.levels[k],
-            worker=w,
-            optimal_level=a.optimal_level,
-            reason="cache miss: smaller model",
-            cause=RouteReason.CACHE_MISS,
-        )
+class LadderRouting(ArgusRouting):
+    """argus+ on an AC or smaller-model ladder, for one plan (immutable): ARGUS's draw and worker
+    (:class:`~argusdiff.policies.argus.ArgusRouting`), then, with ``admission``, deadline-aware
+    routing: the drawn level when the shared finish estimate (:mod:`argusdiff.deadline`) meets the
+    request's deadline, else the nearest faster level that does, else best effort at the fastest
+    level this prompt can use; with the verdict. On an AC ladder a request queued at a level
+    without workers is served by every worker of the ladder's model (the sibling pull,
+    ``Plan.unserved_siblings``), and a cache miss has no faster level than K = 0."""
 
-    def route(self, request: Request, plan: Plan, view: RouteView) -> Assignment:
-        if self.unified:
-            return route_unified(self, self._unified_routing(plan), request, view)
-        a = super().route(request, plan, view)
+    __slots__ = ("ac_ladder", "admission", "serving", "slo_s")
+
+    def __init__(
+        self,
+        plan: Plan,
+        profile,
+        *,
+        prompt_aware: bool,
+        admission: bool,
+        slo_s: float,
+        workers: tuple[tuple[str, ...], ...] | None = None,
+    ) -> None:
+        super().__init__(plan, profile, prompt_aware=prompt_aware, workers=workers)
+        ac_ladder = self.ac and not isinstance(self, MixedLadderRouting)
+        # the workers that take a request queued at each level: its own, else (an AC level without
+        # workers) every worker of the ladder's model, which pulls its queue
+        serving = tuple(ws if ws or not ac_ladder else self.everyone for ws in self.workers)
+        frozen_init(self, ac_ladder=ac_ladder, admission=admission, slo_s=slo_s, serving=serving)
+
+    def hit_ok(self, view: RouteView) -> bool:
+        """Whether an AC level runs at its K for this prompt (a healthy cache and a hit)."""
+        if not self.ac_ladder:
+            return True
+        sim = view.cache_similarity
+        return view.cache_healthy and sim is not None and k_for_similarity(sim) > 0
+
+    def route(self, request: Request, view: RouteView, rng) -> Assignment:
+        a = super().route(request, view, rng)
         if a.level is None or a.worker is None:
             return a
         slo = request.slo_s if request.slo_s is not None else self.slo_s
         deadline = deadline_s(request.arrival_s, slo, view.deadline_factor)
-        flags = self._cache_levels(plan)
-        mixed = self._mixed
-        ac = plan.strategy is Strategy.AC and not mixed
-        hit_ok = True
-        if ac or mixed:
-            sim = view.cache_similarity
-            hit_ok = view.cache_healthy and sim is not None and k_for_similarity(sim) > 0
-        r = self.routing(plan)
-        if mixed and not hit_ok and flags[r.index[a.level]]:
-            a = self._on_miss(request, plan, view, a, deadline)
-        if not self.options.admission:
+        hit_ok = self.hit_ok(view)
+        a = self.on_miss(view, a, hit_ok, deadline)
+        if not self.admission:
             return a
-        return self._by_deadline(request, plan, view, a, r, ac=ac, mixed=mixed, hit_ok=hit_ok, flags=flags)
+        return self.by_deadline(view, a, hit_ok, deadline)
 
-    def _serving(self, r, k: int, ac: bool) -> list[str]:
-        """The workers that take a request queued at plan level ``k``: its own, else (an AC level
-        without workers) every worker of the ladder's model, which pulls its queue (the simulator's
-        and the service's sibling pull, ``Plan.unserved_siblings``)."""
-        if r.workers[k] or not ac:
-            return list(r.workers[k])
-        return [w for ws in r.workers for w in ws]
+    def route_heavy(self, request: Request, view: RouteView) -> Assignment:
+        """A ladder has no cascade: the light image is the answer."""
+        return Assignment(
+            level=None,
+            reason="no heavy level for this light level: light image returned",
+            outcome=Outcome.KEPT,
+            cause=RouteReason.NO_HEAVY,
+        )
 
-    def _by_deadline(self, request: Request, plan: Plan, view: RouteView, a: Assignment, r, **kw) -> Assignment:
-        """argus+'s deadline-aware routing on a ladder: the drawn level when the shared finish
-        estimate (:mod:`argusdiff.deadline`) meets the deadline, else the nearest faster level that
-        does, else best effort at the fastest level this prompt can use; with the verdict."""
-        ac, mixed, hit_ok, flags = kw["ac"], kw["mixed"], kw["hit_ok"], kw["flags"]
+    def on_miss(self, view: RouteView, a: Assignment, hit_ok: bool, deadline: float) -> Assignment:
+        """A cache miss at the drawn level (:class:`MixedLadderRouting`); here: ``a``."""
+        return a
+
+    def usable(self, k: int, hit_ok: bool) -> bool:
+        """Whether level ``k`` runs at its profiled speed for this prompt."""
+        return True
+
+    def fastest(self, j: int, hit_ok: bool) -> int:
+        """The fastest level with workers this prompt can use (late everywhere: best effort)."""
+        if self.ac_ladder:
+            return (len(self.levels) - 1) if hit_ok else 0  # a cache miss runs at K = 0 anyway
+        return max((i for i in range(len(self.levels)) if self.workers[i]), default=j)
+
+    def by_deadline(self, view: RouteView, a: Assignment, hit_ok: bool, deadline: float) -> Assignment:
         now = view.now_s
         bu = view.busy_until
-        slo = request.slo_s if request.slo_s is not None else self.slo_s
-        deadline = deadline_s(request.arrival_s, slo, view.deadline_factor)
-        j = r.index[a.level]
-        w, finish = earliest_finish(self._serving(r, j, ac), bu, now, self._lat[j])
+        lat = self.lat
+        j = self.index[a.level]
+        w, finish = earliest_finish(self.serving[j], bu, now, lat[j])
         if finish <= deadline:
             return dataclasses.replace(a, worker=w, verdict=DeadlineVerdict(Timeliness.ON_TIME, finish, deadline))
-        n = len(plan.levels)
+        n = len(self.levels)
         for k in range(j + 1, n):
-            if ac and not hit_ok:
+            if self.ac_ladder and not hit_ok:
                 break  # K > 0 would run at K = 0 on a miss: no faster level exists for this prompt
-            if mixed and not hit_ok and flags[k]:
-                continue  # this AC level would run at K = 0
-            workers = self._serving(r, k, ac)
+            if not self.usable(k, hit_ok):
+                continue
+            workers = self.serving[k]
             if not workers:
                 continue
-            wk, fk = earliest_finish(workers, bu, now, self._lat[k])
+            wk, fk = earliest_finish(workers, bu, now, lat[k])
             if fk <= deadline:
                 return Assignment(
-                    level=plan.levels[k],
+                    level=self.levels[k],
                     worker=wk,
                     optimal_level=a.optimal_level,
                     reason="deadline: moved to a faster level",
@@ -444,21 +438,14 @@ class ArgusPlus(Argus, name="argus+", family="ac"):
                     cause=RouteReason.DEADLINE_MOVED,
                 )
         # late on every level: best effort at the fastest level this prompt can use that has
-        # workers (on AC a cache miss runs at K = 0 anyway), on the worker that frees first
-        if ac:
-            k = (n - 1) if hit_ok else 0
-        elif mixed:
-            # a mixed ladder is not ordered by speed: the fastest usable level with workers
-            usable = [i for i in range(n) if r.workers[i] and (hit_ok or not flags[i])]
-            k = min(usable, key=lambda i: (self._lat[i], -i), default=j)
-        else:
-            k = max((i for i in range(n) if r.workers[i]), default=j)
-        workers = self._serving(r, k, ac)
+        # workers, on the worker that frees first
+        k = self.fastest(j, hit_ok)
+        workers = self.serving[k]
         if not workers:
             return dataclasses.replace(a, verdict=DeadlineVerdict(Timeliness.LATE, finish, deadline))
-        wk, fk = earliest_finish(workers, bu, now, self._lat[k])
+        wk, fk = earliest_finish(workers, bu, now, lat[k])
         return Assignment(
-            level=plan.levels[k],
+            level=self.levels[k],
             worker=wk,
             optimal_level=a.optimal_level,
             best_effort=True,
@@ -466,3 +453,58 @@ class ArgusPlus(Argus, name="argus+", family="ac"):
             verdict=DeadlineVerdict(Timeliness.LATE, fk, deadline),
             cause=RouteReason.DEADLINE_LATE,
         )
+
+
+class MixedLadderRouting(LadderRouting):
+    """argus+ on a merged AC+SM ladder (:func:`argusdiff.policies.mixed.merged_ladder`), for one
+    plan (immutable): :class:`LadderRouting`, plus the cache-miss handling of its AC levels. A
+    miss at an AC level stays there (at K = 0 on SD-XL) if that still meets the deadline, else goes
+    to the best smaller model no slower than the AC level (``miss_fallback``); on a miss the
+    deadline moves and best effort skip the AC levels (which would run at K = 0), and best effort
+    takes the fastest usable level (a mixed ladder is not ordered by speed)."""
+
+    __slots__ = ("flags", "k0", "miss")
+
+    def __init__(self, plan: Plan, profile, *, miss_profile, **kw: Any) -> None:
+        super().__init__(plan, profile, **kw)
+        flags = tuple(needs_cache(profile.level(lv)) for lv in plan.levels)
+        with_workers = [bool(ws) for ws in self.workers]
+        frozen_init(
+            self,
+            flags=flags,
+            # per level needing a hit: its K = 0 time, and the level a miss there goes to
+            k0=tuple(profile.ac_base(lv).latency(1) if f else None for lv, f in zip(plan.levels, flags, strict=True)),
+            miss=tuple(
+                miss_fallback(miss_profile, lv, with_workers) if f else None
+                for lv, f in zip(plan.levels, flags, strict=True)
+            ),
+        )
+
+    def hit_ok(self, view: RouteView) -> bool:
+        sim = view.cache_similarity
+        return view.cache_healthy and sim is not None and k_for_similarity(sim) > 0
+
+    def on_miss(self, view: RouteView, a: Assignment, hit_ok: bool, deadline: float) -> Assignment:
+        i = self.index[a.level]
+        if hit_ok or not self.flags[i]:
+            return a
+        now = view.now_s
+        if max(now, view.busy_until.get(a.worker, now)) + self.k0[i] <= deadline:
+            return a
+        k = self.miss[i]
+        if k is None:
+            return a
+        return Assignment(
+            level=self.levels[k],
+            worker=select_worker(self.workers[k], view, self.lat[k]),
+            optimal_level=a.optimal_level,
+            reason="cache miss: smaller model",
+            cause=RouteReason.CACHE_MISS,
+        )
+
+    def usable(self, k: int, hit_ok: bool) -> bool:
+        return hit_ok or not self.flags[k]  # an AC level would run at K = 0 on a miss
+
+    def fastest(self, j: int, hit_ok: bool) -> int:
+        usable = [i for i in range(len(self.levels)) if self.workers[i] and (hit_ok or not self.flags[i])]
+        return min(usable, key=lambda i: (self.lat[i], -i), default=j)

@@ -51,9 +51,11 @@ __all__ = [
     "MODELS_UNSERVED",
     "REGISTRY",
     "CommonOptions",
+    "PlanRouting",
     "Policy",
     "PolicyError",
     "RouteView",
+    "frozen_init",
     "identity_pasm",
     "nearest_served",
     "option_names",
@@ -569,27 +571,45 @@ def nearest_served(has_worker: Sequence[Any], j: int) -> int:
 
 class PlanRouting:
     """The data path's snapshot of one plan: workers per level and cumulative PASM rows, built once
-    per plan and never changed (``route()`` reads only this and the RouteView; ``plan()`` never
-    touches it, so the control path may plan in another thread)."""
+    per plan and never changed (immutable: setting an attribute raises). ``route()`` reads only
+    this and the RouteView; ``plan()`` never touches it, so the control path may plan in another
+    thread. ``workers`` overrides the plan's workers per level (argus+'s pooled AC plan: every
+    worker at every level). A policy's own routing (e.g. :class:`~argusdiff.policies.argus.ArgusRouting`)
+    extends it with what its ``route`` needs, taken from the plan, the profile and the options when
+    it is built, never from the mutable policy."""
 
     __slots__ = ("_cum", "cum", "index", "levels", "plan", "version", "workers")
 
-    def __init__(self, plan: Plan) -> None:
-        self.plan = plan
-        self.version = plan.version
-        self.levels = plan.levels
-        self.index = {lv: i for i, lv in enumerate(plan.levels)}
-        workers: list[list[str]] = [[] for _ in plan.levels]
-        for w, lv in plan.assignment.items():
-            if lv is not None and lv in self.index:
-                workers[self.index[lv]].append(w)
-        self.workers: tuple[tuple[str, ...], ...] = tuple(tuple(ws) for ws in workers)
-        self.cum = tuple(np.cumsum(row) for row in plan.pasm)
-        for c in self.cum:
+    def __init__(self, plan: Plan, workers: tuple[tuple[str, ...], ...] | None = None) -> None:
+        index = {lv: i for i, lv in enumerate(plan.levels)}
+        if workers is None:
+            per: list[list[str]] = [[] for _ in plan.levels]
+            for w, lv in plan.assignment.items():
+                if lv is not None and lv in index:
+                    per[index[lv]].append(w)
+            workers = tuple(tuple(ws) for ws in per)
+        cum = tuple(np.cumsum(row) for row in plan.pasm)
+        for c in cum:
             c.flags.writeable = False
         # the same sums as Python floats: a draw bisects them (what searchsorted(side="right")
         # finds on the array) without numpy's per-call overhead
-        self._cum = tuple(c.tolist() for c in self.cum)
+        frozen_init(
+            self,
+            plan=plan,
+            version=plan.version,
+            levels=plan.levels,
+            index=index,
+            workers=workers,
+            cum=cum,
+            _cum=tuple(tuple(c.tolist()) for c in cum),
+        )
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"{type(self).__name__} is immutable (built once per plan)")
+
+    def fits(self, plan: Plan) -> bool:
+        """Whether this is ``plan``'s routing (built from this very plan object)."""
+        return self.plan is plan
 
     def sample(self, row: int, u: float) -> int:
         """Level index drawn from PASM row ``row`` with uniform ``u``, restricted to levels that
@@ -601,3 +621,9 @@ class PlanRouting:
 
     def nearest_served(self, j: int) -> int:
         return nearest_served(self.workers, j)
+
+
+def frozen_init(obj: Any, **values: Any) -> None:
+    """Set the attributes of an immutable per-plan routing object (its ``__setattr__`` raises)."""
+    for name, value in values.items():
+        object.__setattr__(obj, name, value)

@@ -45,7 +45,7 @@ from argusdiff.domain import (
     Timeliness,
 )
 from argusdiff.latency import scaled_profile
-from argusdiff.policies.base import RouteView, select_worker
+from argusdiff.policies.base import RouteView, frozen_init, select_worker
 from cache.policy import k_for_similarity
 from solver.paths import TierSpec, class_quality_model, nitsum_tiers, problem_from_profile, ranked_deferral
 from solver.unified import plan_unified, restrict
@@ -269,63 +269,93 @@ def reserve_workers(problem, up) -> dict[str, str]:
 
 
 class UnifiedRouting:
-    """Per-plan tables of the unified data path: cumulative PASM rows per tier, the workers that
-    hold each level's model, each level's latency and the class-quality order of the levels."""
+    """The unified data path for one plan (see the module doc), immutable: cumulative PASM rows per
+    tier, the workers that hold each level's model (per tier: not those reserved for another),
+    each level's latency and the class-quality order of the levels, and the options the routing
+    needs (``tiers``: route by the request's tier; ``admission``: argus+'s deadline-aware routing;
+    ``slo_s``: the SLO of a request without one). Built once per plan from the plan and the
+    profile; never reads the policy."""
 
     __slots__ = (
+        "admission",
+        "cascades",
         "cum",
         "index",
         "k0",
         "lat",
         "levels",
         "needs_hit",
+        "plan",
         "pool",
         "quality",
         "reserved",
+        "slo_s",
         "tier_cum",
         "tier_pool",
+        "tiers",
+        "unreserved",
         "version",
     )
 
-    def __init__(self, plan: Plan, profile: Profile) -> None:
-        self.version = plan.version
-        self.levels = plan.levels
-        self.index = {lv: i for i, lv in enumerate(plan.levels)}
+    def __init__(self, plan: Plan, profile: Profile, *, tiers: bool, admission: bool, slo_s: float) -> None:
+        index = {lv: i for i, lv in enumerate(plan.levels)}
         lvls = [profile.level(lv) for lv in plan.levels]
         by_model: dict[str, list[str]] = {}
         for w, lv in plan.assignment.items():
-            if lv is not None and lv in self.index:
+            if lv is not None and lv in index:
                 by_model.setdefault(profile.level(lv).model, []).append(w)
-        self.pool = [by_model.get(lv.model, []) for lv in lvls]
-        # per tier: the workers its requests may use (not those reserved for another tier)
-        self.reserved = dict(plan.reserved)
-        self.tier_pool: dict[str, list[list[str]]] = {}
-        for t in sorted({*plan.reserved.values(), *plan.tier_pasm}):
-            self.tier_pool[t] = [[w for w in ws if plan.reserved.get(w, t) == t] for ws in self.pool]
+        pool = tuple(tuple(by_model.get(lv.model, ())) for lv in lvls)
+        # per tier: the workers its requests may use (not those reserved for another tier); a tier
+        # the plan does not name may use the workers reserved for none
+        reserved = dict(plan.reserved)
+        tier_pool = {
+            t: tuple(tuple(w for w in ws if reserved.get(w, t) == t) for ws in pool)
+            for t in sorted({*reserved.values(), *plan.tier_pasm})
+        }
         disc = {c.light: c.discriminator_latency_s for c in profile.cascade_specs}
         scale = plan.latency_scale  # the measured latencies the plan was made with (argusdiff.latency)
-        self.lat = [lv.latency(1) * scale.get(lv.id, 1.0) + disc.get(lv.id, 0.0) for lv in lvls]
-        self.needs_hit = [lv.strategy is Strategy.AC and lv.skip > 0 for lv in lvls]
-        self.k0 = [profile.ac_base(lv.id).latency(1) * scale.get(profile.ac_base(lv.id).id, 1.0) for lv in lvls]
-        # cumulative PASM rows as Python floats: a draw bisects them (numpy's cumsum, then
-        # bisect_right finds what searchsorted(side="right") finds, without its per-call overhead)
-        self.cum = [np.cumsum(row).tolist() for row in plan.pasm]
-        self.tier_cum = {t: [np.cumsum(row).tolist() for row in rows] for t, rows in plan.tier_pasm.items()}
         # per class: quality of each plan level (the planner's model); ties go to the faster level
         full = class_quality_model(profile.levels)
         pos = {lv: i for i, lv in enumerate(profile.ids)}
-        self.quality = [
-            [full[pos[c]][pos[lv]] for lv in plan.levels] if c in pos else [1.0] * len(plan.levels) for c in plan.levels
-        ]
+        frozen_init(
+            self,
+            plan=plan,
+            version=plan.version,
+            levels=plan.levels,
+            index=index,
+            cascades=plan.cascades,
+            pool=pool,
+            reserved=reserved,
+            tier_pool=tier_pool,
+            unreserved=tuple(tuple(w for w in ws if w not in reserved) for ws in pool),
+            lat=tuple(lv.latency(1) * scale.get(lv.id, 1.0) + disc.get(lv.id, 0.0) for lv in lvls),
+            needs_hit=tuple(lv.strategy is Strategy.AC and lv.skip > 0 for lv in lvls),
+            k0=tuple(profile.ac_base(lv.id).latency(1) * scale.get(profile.ac_base(lv.id).id, 1.0) for lv in lvls),
+            # cumulative PASM rows as Python floats: a draw bisects them (numpy's cumsum, then
+            # bisect_right finds what searchsorted(side="right") finds, without its per-call overhead)
+            cum=tuple(tuple(np.cumsum(row).tolist()) for row in plan.pasm),
+            tier_cum={t: tuple(tuple(np.cumsum(row).tolist()) for row in rows) for t, rows in plan.tier_pasm.items()},
+            quality=tuple(
+                tuple(full[pos[c]][pos[lv]] for lv in plan.levels) if c in pos else (1.0,) * len(plan.levels)
+                for c in plan.levels
+            ),
+            tiers=tiers,
+            admission=admission,
+            slo_s=slo_s,
+        )
 
-    def pools(self, tier: str | None) -> list[list[str]]:
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"{type(self).__name__} is immutable (built once per plan)")
+
+    def fits(self, plan: Plan) -> bool:
+        """Whether this is ``plan``'s routing (built from this very plan object)."""
+        return self.plan is plan
+
+    def pools(self, tier: str | None) -> tuple[tuple[str, ...], ...]:
         """Workers per level that a request of ``tier`` may use (None: tier-unaware, every worker)."""
         if tier is None or not self.reserved:
             return self.pool
-        got = self.tier_pool.get(tier)
-        if got is None:
-            got = self.tier_pool[tier] = [[w for w in ws if w not in self.reserved] for ws in self.pool]
-        return got
+        return self.tier_pool.get(tier, self.unreserved)
 
     def draw(self, row: int, tier: str | None, u: float) -> int:
         cum = self.tier_cum.get(tier, self.cum)[row] if tier is not None else self.cum[row]
@@ -343,106 +373,107 @@ class UnifiedRouting:
     def latency(self, k: int, hit_ok: bool) -> float:
         return self.lat[k] if hit_ok or not self.needs_hit[k] else self.k0[k]
 
-
-def route_unified(policy: Any, r: UnifiedRouting, request: Request, view: RouteView) -> Assignment:
-    """The unified data path for one request (see the module doc): the path drawn from the plan;
-    with ``admission`` (argus+'s deadline-aware routing) judged by the shared finish estimate
-    (:mod:`argusdiff.deadline`: the first free worker of the path's pool) against the request's
-    deadline, moved to the best path on time when it is late, and its verdict returned."""
-    o = policy.options
-    row = r.index.get(view.optimal_level, 0) if view.optimal_level is not None else 0
-    tier = str(request.tier) if o.tiers else None
-    j = r.draw(row, tier, policy.rng.random())
-    pool = r.pools(tier)
-    if not pool[j]:
-        return Assignment(level=r.levels[j], worker=None, reason="no worker in the plan", cause=RouteReason.NO_WORKER)
-    hit_ok = True
-    if any(r.needs_hit):
-        sim = view.cache_similarity
-        hit_ok = view.cache_healthy and sim is not None and k_for_similarity(sim) > 0
-    now = view.now_s
-    bu = view.busy_until
-    lat_j = r.latency(j, hit_ok)
-    if not o.admission:
-        w = select_worker(pool[j], view, lat_j)
-        return Assignment(level=r.levels[j], worker=w, optimal_level=view.optimal_level)
-    slo = request.slo_s if (o.tiers and request.slo_s is not None) else policy.slo_s
-    deadline = deadline_s(request.arrival_s, slo, view.deadline_factor)
-    w, finish_j = earliest_finish(pool[j], bu, now, lat_j)
-    if finish_j <= deadline:
+    def route(self, request: Request, view: RouteView, rng: np.random.Generator) -> Assignment:
+        """One request (see the module doc): the path drawn from the plan (one uniform from
+        ``rng``); with ``admission`` (argus+'s deadline-aware routing) judged by the shared finish
+        estimate (:mod:`argusdiff.deadline`: the first free worker of the path's pool) against the
+        request's deadline, moved to the best path on time when it is late, and its verdict returned."""
+        row = self.index.get(view.optimal_level, 0) if view.optimal_level is not None else 0
+        tier = str(request.tier) if self.tiers else None
+        j = self.draw(row, tier, rng.random())
+        pool = self.pools(tier)
+        if not pool[j]:
+            return Assignment(
+                level=self.levels[j], worker=None, reason="no worker in the plan", cause=RouteReason.NO_WORKER
+            )
+        hit_ok = True
+        if any(self.needs_hit):
+            sim = view.cache_similarity
+            hit_ok = view.cache_healthy and sim is not None and k_for_similarity(sim) > 0
+        now = view.now_s
+        bu = view.busy_until
+        lat_j = self.latency(j, hit_ok)
+        if not self.admission:
+            w = select_worker(pool[j], view, lat_j)
+            return Assignment(level=self.levels[j], worker=w, optimal_level=view.optimal_level)
+        slo = request.slo_s if (self.tiers and request.slo_s is not None) else self.slo_s
+        deadline = deadline_s(request.arrival_s, slo, view.deadline_factor)
+        w, finish_j = earliest_finish(pool[j], bu, now, lat_j)
+        if finish_j <= deadline:
+            return Assignment(
+                level=self.levels[j],
+                worker=w,
+                optimal_level=view.optimal_level,
+                verdict=DeadlineVerdict(Timeliness.ON_TIME, finish_j, deadline),
+            )
+        q = self.quality[row]
+        best: tuple | None = None
+        first: tuple | None = None
+        for k in range(len(self.levels)):
+            if not pool[k] or k == j:
+                continue
+            wk, finish = earliest_finish(pool[k], bu, now, self.latency(k, hit_ok))
+            if finish <= deadline:
+                key = (-q[k], finish)
+                if best is None or key < best[0]:
+                    best = (key, k, wk, finish)
+            if first is None or finish < first[0]:
+                first = (finish, k, wk)
+        if best is not None:
+            _, k, wk, finish = best
+            return Assignment(
+                level=self.levels[k],
+                worker=wk,
+                optimal_level=view.optimal_level,
+                reason="deadline: moved to another path",
+                verdict=DeadlineVerdict(Timeliness.ESCALATED, finish, deadline),
+                outcome=Outcome.ESCALATED,
+                cause=RouteReason.DEADLINE_MOVED,
+            )
+        # late on every path: best effort on the path that finishes first (its own on a tie)
+        finish, k, wk = (finish_j, j, w) if first is None or finish_j <= first[0] else first
         return Assignment(
-            level=r.levels[j],
-            worker=w,
-            optimal_level=view.optimal_level,
-            verdict=DeadlineVerdict(Timeliness.ON_TIME, finish_j, deadline),
-        )
-    q = r.quality[row]
-    best: tuple | None = None
-    first: tuple | None = None
-    for k in range(len(r.levels)):
-        if not pool[k] or k == j:
-            continue
-        wk, finish = earliest_finish(pool[k], bu, now, r.latency(k, hit_ok))
-        if finish <= deadline:
-            key = (-q[k], finish)
-            if best is None or key < best[0]:
-                best = (key, k, wk, finish)
-        if first is None or finish < first[0]:
-            first = (finish, k, wk)
-    if best is not None:
-        _, k, wk, finish = best
-        return Assignment(
-            level=r.levels[k],
+            level=self.levels[k],
             worker=wk,
             optimal_level=view.optimal_level,
-            reason="deadline: moved to another path",
-            verdict=DeadlineVerdict(Timeliness.ESCALATED, finish, deadline),
-            outcome=Outcome.ESCALATED,
-            cause=RouteReason.DEADLINE_MOVED,
+            best_effort=True,
+            reason="deadline cannot be met",
+            verdict=DeadlineVerdict(Timeliness.LATE, finish, deadline),
+            cause=RouteReason.DEADLINE_LATE,
         )
-    # late on every path: best effort on the path that finishes first (its own on a tie)
-    finish, k, wk = (finish_j, j, w) if first is None or finish_j <= first[0] else first
-    return Assignment(
-        level=r.levels[k],
-        worker=wk,
-        optimal_level=view.optimal_level,
-        best_effort=True,
-        reason="deadline cannot be met",
-        verdict=DeadlineVerdict(Timeliness.LATE, finish, deadline),
-        cause=RouteReason.DEADLINE_LATE,
-    )
 
-
-def route_heavy_unified(policy: Any, r: UnifiedRouting, request: Request, plan: Plan, view: RouteView) -> Assignment:
-    """A deferral: the pair's heavy level, or ``level=None`` (the light image is returned)."""
-    light = view.deferred_from
-    if light is None and len(plan.cascades) == 1:
-        light = next(iter(plan.cascades))
-    heavy = plan.cascades.get(light) if light is not None else None
-    if heavy is None or heavy not in r.index:
-        return Assignment(
-            level=None,
-            reason="no heavy level for this light level: light image returned",
-            outcome=Outcome.KEPT,
-            cause=RouteReason.NO_HEAVY,
-        )
-    k = r.index[heavy]
-    o = policy.options
-    pool = r.pools(str(request.tier) if o.tiers else None)[k]
-    if not pool:
-        return Assignment(
-            level=None, reason="no heavy worker: light image returned", outcome=Outcome.KEPT, cause=RouteReason.NO_HEAVY
-        )
-    if not o.admission:
-        return Assignment(level=heavy, worker=select_worker(pool, view, r.lat[k]))
-    slo = request.slo_s if (o.tiers and request.slo_s is not None) else policy.slo_s
-    deadline = deadline_s(request.arrival_s, slo, view.deadline_factor)
-    w, finish = earliest_finish(pool, view.busy_until, view.now_s, r.lat[k])
-    if finish > deadline:
-        return Assignment(
-            level=None,
-            reason="the heavy run would miss the deadline: light image returned",
-            outcome=Outcome.KEPT,
-            cause=RouteReason.HEAVY_LATE,
-        )
-    return Assignment(level=heavy, worker=w, verdict=DeadlineVerdict(Timeliness.ON_TIME, finish, deadline))
+    def route_heavy(self, request: Request, view: RouteView) -> Assignment:
+        """A deferral: the pair's heavy level, or ``level=None`` (the light image is returned)."""
+        light = view.deferred_from
+        if light is None and len(self.cascades) == 1:
+            light = next(iter(self.cascades))
+        heavy = self.cascades.get(light) if light is not None else None
+        if heavy is None or heavy not in self.index:
+            return Assignment(
+                level=None,
+                reason="no heavy level for this light level: light image returned",
+                outcome=Outcome.KEPT,
+                cause=RouteReason.NO_HEAVY,
+            )
+        k = self.index[heavy]
+        pool = self.pools(str(request.tier) if self.tiers else None)[k]
+        if not pool:
+            return Assignment(
+                level=None,
+                reason="no heavy worker: light image returned",
+                outcome=Outcome.KEPT,
+                cause=RouteReason.NO_HEAVY,
+            )
+        if not self.admission:
+            return Assignment(level=heavy, worker=select_worker(pool, view, self.lat[k]))
+        slo = request.slo_s if (self.tiers and request.slo_s is not None) else self.slo_s
+        deadline = deadline_s(request.arrival_s, slo, view.deadline_factor)
+        w, finish = earliest_finish(pool, view.busy_until, view.now_s, self.lat[k])
+        if finish > deadline:
+            return Assignment(
+                level=None,
+                reason="the heavy run would miss the deadline: light image returned",
+                outcome=Outcome.KEPT,
+                cause=RouteReason.HEAVY_LATE,
+            )
+        return Assignment(level=heavy, worker=w, verdict=DeadlineVerdict(Timeliness.ON_TIME, finish, deadline))

@@ -1,0 +1,59 @@
+"""Routing going down as a value (issue 25, point 2): ARGUS, PAC and argus+ route each request with
+one immutable routing object per plan, built from the plan, the profile and the options (never a
+reference to the policy), with the policy's generator passed in; argus+'s modes are named classes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from argusdiff.domain import ClusterStats, Request
+from argusdiff.policies import RouteView, make_policy
+from argusdiff.policies.mixed import merged_ladder
+from argusdiff.profile import load_profile
+
+WORKERS = ("w0", "w1", "w2", "w3", "w4", "w5")
+
+
+def _profile(name: str):
+    if name == "mixed":
+        return merged_ladder(load_profile("sdxl-ac-a100"), load_profile("sm-a100-gputable"))
+    return load_profile(name)
+
+
+@pytest.mark.parametrize(
+    ("policy_name", "profile_name", "kind"),
+    [
+        ("argus", "sm-a100", "ArgusRouting"),
+        ("pac", "sdxl-ac-a100", "ArgusRouting"),
+        ("argus+", "sdxl-ac-a100", "LadderRouting"),
+        ("argus+", "sm-a100", "LadderRouting"),
+        ("argus+", "mixed", "MixedLadderRouting"),
+        ("argus+", "unified-a100", "UnifiedRouting"),
+    ],
+)
+def test_each_plan_routes_with_one_immutable_value(policy_name, profile_name, kind):
+    profile = _profile(profile_name)
+    config = {"backend": "highs", "slo_s": 12.6} if profile_name == "mixed" else {"backend": "highs"}
+    pol = make_policy(policy_name, profile, rng=np.random.default_rng(0), config=config)
+    plan = pol.plan(ClusterStats(now_s=60.0, period_s=60.0, arrivals=120, workers=WORKERS))
+    r = pol.routing(plan)
+    assert type(r).__name__ == kind
+    assert pol.routing(plan) is r  # built once per plan, reused
+    with pytest.raises(AttributeError):
+        r.levels = ()  # immutable
+    slots = {s for c in type(r).__mro__ for s in getattr(c, "__slots__", ())}
+    assert not any(getattr(r, s) is pol for s in slots)  # no back-reference to the mutable policy
+
+    # the routing object alone, with a generator of the same seed, decides what the policy decides
+    view = RouteView(now_s=60.0, busy_until=dict.fromkeys(WORKERS, 0.0), up=set(WORKERS), slo_s=pol.slo_s)
+    rng = np.random.default_rng(0)
+    for k, lv in enumerate(profile.ids * 3):
+        view.optimal_level = lv
+        view.cache_similarity = 0.95 if k % 2 else 0.5
+        view.now_s = 60.0 + 7.0 * k
+        req = Request(id=str(k), prompt="p", arrival_s=view.now_s - 3.0 * (k % 4))
+        assert pol.route(req, plan, view) == r.route(req, view, rng)
+    # a new plan gets a new routing object
+    plan2 = pol.plan(ClusterStats(now_s=120.0, period_s=60.0, arrivals=300, workers=WORKERS))
+    assert pol.routing(plan2) is not r and pol.routing(plan2).fits(plan2)
