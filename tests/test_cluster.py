@@ -321,3 +321,28 @@ def test_the_plans_measured_latencies_are_the_clusters(two_routers):
 
     assert wait_until(lambda: any(x is not None and abs(x - want) < 1e-9 for x in scales()), 30), scales()
     assert lead.router.latency_scales() == {"tiny-sd": pytest.approx(1.0)}  # its own alone: as profiled
+
+
+def test_the_leaders_view_counts_every_routers_per_worker_queues(two_routers):
+    """Delivery.PER_WORKER (Proteus) under two routers: the follower's requests wait in the queue
+    of the worker it picked. The leader's plans see them there (the follower's heartbeat carries
+    its per-worker in-flight counts), not only the leader's own queues."""
+    a, b = two_routers(n_workers=2, policy="proteus")
+    leader = _leader(a, b)
+    follower = b if leader is a else a
+    assert follower.service.router.per_worker and leader.service.router.per_worker
+    seen: list = []
+    plan = leader.service.policy.plan
+    leader.service.policy.plan = lambda stats: seen.append(stats) or plan(stats)
+
+    def in_flight(router, worker: str, n: int) -> None:  # on the router's event loop, as routing is
+        router.worker_load[worker] += n
+
+    f = follower.service
+    f.dispatch.loop.call_soon_threadsafe(in_flight, f.router, "w0", 3)
+
+    def w0() -> list:
+        return [s.queue_lengths.get("w0", 0) for s in list(seen)]
+
+    assert wait_until(lambda: 3 in w0(), 30), w0()
+    assert leader.service.router.worker_load.get("w0", 0) == 0  # none of them is the leader's own

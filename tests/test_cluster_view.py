@@ -111,6 +111,37 @@ def test_the_leaders_view_plans_on_every_routers_queues_and_the_local_period(rou
     assert view.tier_load is router.tier_load
 
 
+def test_the_leaders_view_counts_every_routers_per_worker_queues(sm):
+    """Delivery.PER_WORKER (Proteus): a request waits in the queue of the worker its router picked.
+    The leader's view counts every router's per-worker in-flight images (their heartbeats carry
+    them), not its own alone."""
+    from argusdiff.config import Settings
+    from argusdiff.service.dispatch import LocalDispatch
+    from argusdiff.service.metrics import ServiceMetrics
+
+    settings = Settings.model_validate({"profile": sm.name, "service": {"policy": "proteus", "workers": 0}})
+    pol = make_policy("proteus", sm, rng=np.random.default_rng(0), config={"backend": "highs"})
+    router = Router(profile=sm, policy=pol, dispatch=LocalDispatch(), metrics=ServiceMetrics(), config=settings.service)
+    assert router.per_worker
+    lv = sm.levels[-1].id
+    plan = Plan(
+        version=1, created_s=0.0, strategy=Strategy.SM, levels=(lv,), assignment={"w0": lv, "w1": lv},
+        share=(1.0,), pasm=((1.0,),), predicted_qpm=0.0, expected_quality=1.0,
+    )  # fmt: skip
+    router.level_load[lv] = 1
+    router.worker_load["w0"] = 1
+    peer = {"level_load": {lv: 5}, "worker_load": {"w0": 2, "w1": 3}}
+    view = ClusterRouterView(router, _Bus({"other": peer}))
+    assert view.summary()["worker_load"] == {"w0": 1}  # what this router's heartbeat carries
+    assert view.view(10.0, plan, None, 30.0).queue_lengths == {"w0": 1, "w1": 0}  # before a heartbeat
+    view.refresh()
+    assert view.worker_load == Counter({"w0": 3, "w1": 3})
+    assert router.view(10.0, plan, None, 30.0).queue_lengths == {"w0": 1, "w1": 0}  # the router alone
+    cluster = view.view(10.0, plan, None, 30.0)
+    assert cluster.queue_lengths == {"w0": 3, "w1": 3}
+    assert cluster.busy_until["w0"] == cluster.busy_until["w1"] > 10.0
+
+
 def test_the_leaders_latencies_pool_every_routers_measurements(router, sm):
     """Each router measures the results that come back to it; the leader's plan reads the mean over
     every router's window (their heartbeats carry them), not its own alone."""

@@ -7,9 +7,10 @@ heartbeat, adds those counts to one Redis hash, ``ns:stats``
 hash in one script (``HINCRBY``… ``HGETALL`` + ``DEL``): every count lands in exactly one period,
 and a failed plan puts the counts back. Each router also publishes a heartbeat
 (``ns:router:<id>``, with expiry; ids in ``ns:routers``): its role, the plan version it routes
-with, its in-flight requests per level, its cache-health window and its latency measurements
-(:meth:`argusdiff.latency.LatencyEstimator.windows`). The leader's :class:`ClusterRouterView` plans
-on the sum of the routers' in-flight requests, on the routers' combined cache health and on the
+with, its in-flight requests per level (and, under ``Delivery.PER_WORKER``, per worker), its
+cache-health window and its latency measurements (:meth:`argusdiff.latency.LatencyEstimator.windows`).
+The leader's :class:`ClusterRouterView` plans on the sum of the routers' in-flight requests (per
+level, and per worker for a per-worker policy), on the routers' combined cache health and on the
 measured latencies pooled over every router's window (each router measures the results that come
 back to it); a background probe that finds the cache healthy again resets every router's window
 (``ns:cache:health-epoch``).
@@ -251,6 +252,7 @@ class ClusterRouterView:
         self._bus = bus
         self.cache_health = ClusterCacheHealth(router.cache_health)
         self._peer_load: Counter[str] = Counter()
+        self._peer_worker_load: Counter[str] = Counter()  # other routers' in-flight per worker (PER_WORKER)
         self._peer_latency: list[dict[str, list[float]]] = []  # other routers' latency windows
         self._epoch: int | None = None
 
@@ -301,12 +303,25 @@ class ClusterRouterView:
         """Every router's in-flight images per level."""
         return self._router.level_load + self._peer_load
 
+    @property
+    def worker_load(self) -> Counter[str]:
+        """Every router's in-flight images per worker (``Delivery.PER_WORKER``: each worker's own
+        queue; empty otherwise)."""
+        return self._router.worker_load + self._peer_worker_load
+
     def view(
         self, now: float, plan: Plan, optimal: str | None, slo_s: float, similarity: float | None = None
     ) -> RouteView:
         """:meth:`Router.view` with every router's load and the combined cache health."""
         return self._router.view(
-            now, plan, optimal, slo_s, similarity, level_load=self.level_load, cache_healthy=self.cache_health.healthy
+            now,
+            plan,
+            optimal,
+            slo_s,
+            similarity,
+            level_load=self.level_load,
+            worker_load=self.worker_load,
+            cache_healthy=self.cache_health.healthy,
         )
 
     def summary(self) -> dict[str, Any]:
@@ -314,6 +329,7 @@ class ClusterRouterView:
         r = self._router
         return {
             "level_load": {lv: n for lv, n in r.level_load.items() if n},
+            "worker_load": {w: n for w, n in r.worker_load.items() if n},  # Delivery.PER_WORKER's queues
             "inflight": len(r.inflight),
             "accepted": r.accepted,
             "completed": r.completed,
@@ -338,16 +354,19 @@ class ClusterRouterView:
         peers = {rid: info for rid, info in bus.routers().items() if rid != bus.router_id}
         bus.peers = peers
         load: Counter[str] = Counter()
+        worker_load: Counter[str] = Counter()
         windows = []
         latency = []
         for info in peers.values():
             load.update({lv: int(n) for lv, n in (info.get("level_load") or {}).items()})
+            worker_load.update({w: int(n) for w, n in (info.get("worker_load") or {}).items()})
             if info.get("latency"):
                 latency.append(info["latency"])
             cache = info.get("cache") or {}
             if cache.get("epoch") == self._epoch and cache.get("samples"):
                 windows.append(cache)
         self._peer_load = load
+        self._peer_worker_load = worker_load
         self._peer_latency = latency
         health.peers = windows
 

@@ -242,10 +242,12 @@ class Router:
         similarity: float | None = None,
         *,
         level_load: Mapping[str, int] | None = None,
+        worker_load: Mapping[str, int] | None = None,
         cache_healthy: bool | None = None,
     ) -> RouteView:
         """What the policy observes routing under ``plan`` at ``now``: each worker's queue and busy
-        time from the in-flight images per level (``level_load``, default this router's) and the
+        time from the in-flight images per level (``level_load``, default this router's) or, under
+        ``Delivery.PER_WORKER``, per worker (``worker_load``, default this router's), and the
         cache's health (``cache_healthy``, default this router's window)."""
         if level_load is None:
             level_load = self.level_load
@@ -255,7 +257,8 @@ class Router:
                 per_level.setdefault(lv, []).append(w)
         ql: dict[str, int] = {}
         bu: dict[str, float] = {}
-        own = self.worker_load if self.per_worker else None  # Delivery.PER_WORKER: each worker's own queue
+        # Delivery.PER_WORKER: each worker's own queue
+        own = (self.worker_load if worker_load is None else worker_load) if self.per_worker else None
         for lv, ws in per_level.items():
             # the level's queue is pulled by its workers: its load spread evenly over them (with 2
             # in flight on 4 workers, 2 are busy and 2 idle, as the simulator would see them), each
