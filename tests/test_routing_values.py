@@ -1,6 +1,7 @@
-"""Routing going down as a value (issue 25, point 2): ARGUS, PAC and argus+ route each request with
-one immutable routing object per plan, built from the plan, the profile and the options (never a
-reference to the policy), with the policy's generator passed in; argus+'s modes are named classes."""
+"""Routing going down as a value (issue 25, point 2): ARGUS, PAC, Proteus and argus+ route each
+request with one immutable routing object per plan, built from the plan, the profile and the
+options (never a reference to the policy), with the policy's generator passed in; argus+'s modes
+are named classes."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ def _profile(name: str):
         ("argus+", "sm-a100", "LadderRouting"),
         ("argus+", "mixed", "MixedLadderRouting"),
         ("argus+", "unified-a100", "UnifiedRouting"),
+        ("proteus", "sm-a100", "ProteusRouting"),
     ],
 )
 def test_each_plan_routes_with_one_immutable_value(policy_name, profile_name, kind):

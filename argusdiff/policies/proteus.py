@@ -11,11 +11,13 @@ knobs, their sources and the departures from the Proteus artifact.
 
 from __future__ import annotations
 
+import numpy as np
+
 from argusdiff.domain import Assignment, Delivery, Plan, Request, RouteReason, Strategy
-from argusdiff.policies.argus import Pac
+from argusdiff.policies.argus import ArgusRouting, Pac
 from argusdiff.policies.base import RouteView
 
-__all__ = ["Proteus"]
+__all__ = ["Proteus", "ProteusRouting"]
 
 
 class Proteus(Pac, name="proteus", family="sm"):
@@ -27,13 +29,23 @@ class Proteus(Pac, name="proteus", family="sm"):
     strategies = frozenset({Strategy.SM, Strategy.CASCADE})
     cascade_as_ladder = True
 
-    def route(self, request: Request, plan: Plan, view: RouteView) -> Assignment:
-        r = self.routing(plan)
-        j = r.sample(0, self.rng.random())
-        workers = r.workers[j]
+    def make_routing(self, plan: Plan) -> ProteusRouting:
+        prof = self.primary if plan.levels == self.primary.ids else (self.fallback or self.primary)
+        return ProteusRouting(plan, prof, prompt_aware=False)
+
+
+class ProteusRouting(ArgusRouting):
+    """Proteus's data path for one plan (immutable): a level drawn from the allocation's load
+    shares (PASM row 0) and a uniformly random worker of that level (two draws from ``rng``)."""
+
+    __slots__ = ()
+
+    def route(self, request: Request, view: RouteView, rng: np.random.Generator) -> Assignment:
+        j = self.sample(0, rng.random())
+        workers = self.workers[j]
         if not workers:
             return Assignment(
-                level=plan.levels[j], worker=None, reason="no worker in the plan", cause=RouteReason.NO_WORKER
+                level=self.levels[j], worker=None, reason="no worker in the plan", cause=RouteReason.NO_WORKER
             )
-        worker = workers[int(self.rng.integers(len(workers)))] if len(workers) > 1 else workers[0]
-        return Assignment(level=plan.levels[j], worker=worker)
+        worker = workers[int(rng.integers(len(workers)))] if len(workers) > 1 else workers[0]
+        return Assignment(level=self.levels[j], worker=worker)
