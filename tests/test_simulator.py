@@ -214,3 +214,57 @@ def test_per_worker_queue_of_a_failed_worker_is_requeued(sm):
         if wl.arrivals_s[i] < 330.0 < res.finish_s[i]:
             moved += res.worker[i] < 4
     assert moved > 0
+
+
+def test_events_at_one_instant_keep_their_order(sm):
+    """At one instant: the period's end, then a look inside the period (only strictly before the
+    period's end), then the arrival, then the heap's events in the order they were pushed; loads
+    ending together re-plan once."""
+    import heapq
+
+    from argusdiff.simulator.engine import Simulator
+    from argusdiff.simulator.events import (
+        Arrival,
+        ModelLoaded,
+        PeriodCheck,
+        PeriodTick,
+        Redispatch,
+        WorkersDown,
+        WorkerUp,
+    )
+    from argusdiff.simulator.state import INF
+
+    wl = quick_workload("poisson:qpm=60,duration=2m", [sm], n_prompts=20)
+    pol = make_policy("argus", sm, rng=np.random.default_rng(0), config={"period_s": 60.0})
+    sim = Simulator(pol, wl, SimConfig(gpus=2))
+    sim._start(wl.n_requests, 2)
+    t = float(wl.arrivals_s[0])
+    sim._push(WorkerUp(t, 1))
+    sim._push(Redispatch(t, 0))
+    sim._push(WorkersDown(t, 1, 5.0))
+    sim.next_tick = sim.next_check = t
+    assert type(sim._next_event()) is PeriodTick  # a look at the period's end is not taken first
+    sim.next_tick = t + 1e-6
+    order = []
+    while len(order) < 5:
+        ev = sim._next_event()
+        order.append(type(ev))
+        if isinstance(ev, PeriodCheck):
+            sim.next_check = INF
+        assert ev.t == t
+        if isinstance(ev, Arrival):
+            assert ev.i == 0 and sim.next_i == 1
+    assert order == [PeriodCheck, Arrival, WorkerUp, Redispatch, WorkersDown]
+    assert not sim.heap
+
+    # two loads ending at one instant: the first handled takes the second off the heap, one plan
+    plans = []
+    sim.plan = None
+    sim._new_plan = lambda plan, t, warm: plans.append(t)  # type: ignore[method-assign]
+    sim.resident[0]["m"] = sim.resident[1]["m"] = 7.0
+    sim._push(ModelLoaded(7.0, 0, "m"))
+    sim._push(ModelLoaded(7.0, 1, "m"))
+    sim._push(Redispatch(7.0, 1))
+    first = heapq.heappop(sim.heap)[2]
+    first.handle(sim)
+    assert plans == [7.0] and [type(e[2]) for e in sim.heap] == [Redispatch]

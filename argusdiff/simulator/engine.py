@@ -56,10 +56,12 @@ Virtual clock, deterministic for a seed. The mechanism modelled here:
 Every request's outcome (level, finish time, quality, cache hit, drop) is kept in numpy arrays;
 :mod:`argusdiff.simulator.metrics` turns them into per-minute metrics.
 
-:class:`Simulator` holds the state and the run loop; its parts are mixed in by concern:
-:mod:`~argusdiff.simulator.control` (the control period, a plan applied),
+:class:`Simulator` holds the state and the run loop, a short one: the next event (one small class
+per kind: :mod:`~argusdiff.simulator.events`), handled, until none is left. Its parts are mixed in
+by concern: :mod:`~argusdiff.simulator.control` (the control period, a plan applied),
 :mod:`~argusdiff.simulator.residency` (model loads and residency),
-:mod:`~argusdiff.simulator.events` (the event heap, faults, admission, cascade hand-offs) and
+:mod:`~argusdiff.simulator.events` (the events and their order, faults, admission, cascade
+hand-offs) and
 :mod:`~argusdiff.simulator.workers` (delivery, pulling, batching, serving);
 :mod:`~argusdiff.simulator.state` holds the request status codes and the batch they share.
 """
@@ -68,6 +70,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -80,8 +83,6 @@ from argusdiff.domain import (
     DEFAULT_TIER_SLO,
     ApproxLevel,
     Delivery,
-    Plan,
-    PlanTrigger,
     Profile,
     Request,
     Strategy,
@@ -366,141 +367,18 @@ class Simulator(ModelResidency, WorkerService, EventHandling, ControlPath):
     # ---- run -------------------------------------------------------------------------------
 
     def run(self) -> SimResult:
-        import time
-
+        """Replay the workload: each event (:mod:`argusdiff.simulator.events`) in order, handled."""
         t_wall = time.perf_counter()
-        wl, cfg, policy = self.wl, self.cfg, self.policy
-        n = wl.n_requests
-        arr = wl.arrivals_s
-        pidx = wl.prompt_idx
-        arr_l = self._arr_l
-        pidx_l: list[int] = pidx.tolist()
-        G = cfg.gpus
-        self._start(n, G)
-        view, heap, admission = self.view, self.heap, self.admission
-
-        plan: Plan | None = None
-        next_tick = 0.0
-        i = 0
-        last_tick_i = 0
-        period = cfg.period_s
-        route = policy.decide
-        report_every = max(1, n // 200)
-        optimal = wl.optimal
-        cur_opt: np.ndarray | None = None
-        cur_ids: tuple[str, ...] = ()
-        needs_sim = self.needs_similarity
-        first_plan = True
-        check_s = policy.check_s if policy.check_s and policy.check_s < period else None
-        next_check = INF
-
-        while True:
-            ta = arr_l[i] if i < n else INF
-            te = heap[0][0] if heap else INF
-            if i >= n and not heap:
-                break
-            if next_check < next_tick and next_check <= ta and next_check <= te:
-                # a look inside the period (Policy.check_s): the period so far, not yet observed
-                t = next_check
-                self.now = t
-                self._sync(t)
-                since = t - (next_tick - period)
-                stats = self._stats(t, since, i - last_tick_i, pidx[:0], arr[last_tick_i:i], reason=PlanTrigger.CHECK)
-                fresh = policy.plan(stats)
-                if fresh is not plan:
-                    plan = fresh
-                    self._apply(plan, t, False)
-                    cur_ids = plan.levels
-                    cur_opt = optimal.get(cur_ids)
-                    if cur_opt is None and cur_ids == policy.profile.ids:
-                        cur_opt = wl.optimal_for(policy.profile)
-                next_check += check_s
-                continue
-            if next_tick <= ta and next_tick <= te:
-                self.now = next_tick
-                self._sync(next_tick)
-                if first_plan:
-                    # the cluster was running before the trace starts: the first plan sees the
-                    # first period's arrivals (otherwise every policy starts planned for 0 QPM)
-                    j0 = int(np.searchsorted(arr, period, side="left"))
-                    stats = self._stats(next_tick, period, j0, pidx[:j0], arr[:j0] - period, tiers=self.tier_codes[:j0])
-                else:
-                    stats = self._stats(
-                        next_tick,
-                        period,
-                        i - last_tick_i,
-                        pidx[last_tick_i:i],
-                        arr[last_tick_i:i],
-                        tiers=self.tier_codes[last_tick_i:i],
-                    )
-                last_tick_i = i
-                plan = policy.plan(stats)
-                self._apply(plan, next_tick, first_plan and cfg.warm_start)
-                first_plan = False
-                cur_ids = plan.levels
-                cur_opt = optimal.get(cur_ids)
-                if cur_opt is None and cur_ids == policy.profile.ids:
-                    cur_opt = wl.optimal_for(policy.profile)
-                if check_s is not None:
-                    next_check = next_tick + check_s
-                next_tick += period
-                continue
-            if te < ta:
-                ev = heapq.heappop(heap)
-                self.now = ev[0]
-                self._sync(ev[0])
-                if ev[2] == "loaded":
-                    # ARGUS §4.6: re-solve as soon as a model finishes loading (once for every
-                    # load that finishes at this instant)
-                    fresh = self.up[ev[3]] and self.resident[ev[3]].get(ev[4]) == ev[0]
-                    while heap and heap[0][0] == ev[0] and heap[0][2] == "loaded":
-                        more = heapq.heappop(heap)
-                        fresh = fresh or (self.up[more[3]] and self.resident[more[3]].get(more[4]) == more[0])
-                    if fresh:
-                        stats = self._stats(ev[0], period, 0, pidx[:0], arr[:0], reason=PlanTrigger.LOADED)
-                        plan = policy.plan(stats)
-                        self._apply(plan, ev[0], False)
-                        cur_ids = plan.levels
-                        cur_opt = optimal.get(cur_ids)
-                        if cur_opt is None and cur_ids == policy.profile.ids:
-                            cur_opt = wl.optimal_for(policy.profile)
-                    continue
-                self._event(ev, plan)
-                continue
-            # an arrival
-            t = ta
-            self.now = t
-            if self._fin and self._fin[0][0] <= t:
-                self._sync(t)
-            p = pidx_l[i]
-            view.now_s = t
-            view.optimal_level = cur_ids[cur_opt[p]] if cur_opt is not None else None
-            up_cache = self.cache_up(t) if self.cache_down else True
-            view.cache_healthy = up_cache
-            if needs_sim:
-                view.cache_similarity = self.similarity(p) if up_cache else None
-            req = self._request(i, p)
-            a = route(req, plan, view)
-            if not a.taken:
-                self.status[i] = DROPPED
-            elif admission is not None and not self._admit(i, a.level, plan, t, a.verdict).admitted:
-                self.status[i] = DROPPED
-                self.refused[i] = True
-                # a false refusal: queued there and then, it would have finished within its SLO
-                would = self._would_finish(i, p, t, a.level, plan, a.worker)
-                self.false_refused[i] = would <= arr_l[i] + self._slo_l[i] + 1e-9
-            else:
-                self.best_effort[i] = a.best_effort
-                self._serve(i, p, t, a.level, plan, stage=0, worker=a.worker)
-            i += 1
-            if self.progress is not None and i % report_every == 0:
-                self.progress(i / n)
+        self._start(self.wl.n_requests, self.cfg.gpus)
+        next_event = self._next_event
+        while (ev := next_event()) is not None:
+            ev.handle(self)
         return self._result(t_wall)
 
     def _start(self, n: int, G: int) -> None:
         """The state of a run of ``n`` requests on ``G`` workers, before its first event: queues,
         residency, the cache, per-request outcome arrays, admission, the policy's view and the
-        event heap with the workers' faults."""
+        run's clock (:meth:`_start_clock`)."""
         wl, cfg = self.wl, self.cfg
         self.wids = tuple(f"w{k}" for k in range(G))
         self.widx = {w: k for k, w in enumerate(self.wids)}
@@ -568,19 +446,10 @@ class Simulator(ModelResidency, WorkerService, EventHandling, ControlPath):
         view.up = set(self.wids)
         self.view = view
 
-        heap: list[tuple] = []
-        seq = 0
-        for f in cfg.faults:
-            if f.kind == "gpus":
-                heapq.heappush(heap, (f.start_s, seq, "down", f.count, f.duration_s))
-                seq += 1
-        self.seq = seq
-        self.heap = heap
+        self._start_clock(n)
 
     def _result(self, t_wall: float) -> SimResult:
         """The run's :class:`SimResult` once its last event is done."""
-        import time
-
         wl, cfg, policy = self.wl, self.cfg, self.policy
         n = wl.n_requests
         arr = wl.arrivals_s

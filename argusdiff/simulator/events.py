@@ -1,60 +1,303 @@
-"""The simulated cluster's events (mixed into :class:`~argusdiff.simulator.engine.Simulator`,
-whose state it reads and changes): the event heap, workers going down and up, slow workers,
-finished model loads, re-dispatch of a failed worker's requests, admission of an arrival and
-the hand-off of a cascade's deferred request to its heavy level.
+"""The simulated cluster's events, one small class per kind, each with its time and the method
+that handles it (:meth:`Event.handle`, which reads and changes the
+:class:`~argusdiff.simulator.engine.Simulator`): the period's end, a look inside the period, an
+arrival, workers going down and up, a request re-dispatched, a cascade's hand-off to its heavy
+level and a finished model load; the order they happen in; and the helpers they share
+(admission, re-dispatch, the counterfactual finish time, measured latencies).
 """
 
 from __future__ import annotations
 
 import heapq
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
 
 from argusdiff.admission import ADMITTED, Decision
-from argusdiff.domain import Outcome, Plan, Strategy
-from argusdiff.simulator.state import BIG_QUEUE, DROPPED, INF, PENDING, SERVED
+from argusdiff.domain import Outcome, Plan, PlanTrigger, Strategy
+from argusdiff.simulator.state import BIG_QUEUE, DROPPED, INF, PENDING, SERVED, _Batch
 
-__all__ = ["EventHandling"]
+if TYPE_CHECKING:
+    from argusdiff.simulator.engine import Simulator
+
+__all__ = [
+    "Arrival",
+    "Defer",
+    "Event",
+    "EventHandling",
+    "ModelLoaded",
+    "PeriodCheck",
+    "PeriodTick",
+    "Redispatch",
+    "WorkerUp",
+    "WorkersDown",
+]
+
+
+@dataclass(slots=True, eq=False)
+class Event:
+    """Something that happens at ``t`` (virtual seconds); :meth:`handle` does it to the cluster.
+
+    The order (:meth:`EventHandling._next_event`): at one instant the period's end first, then a
+    look inside the period, then an arrival (in trace order), then the events on the heap in the
+    order they were pushed. The heap holds ``(t, seq, event)`` entries: ``seq`` is unique, so
+    ``(t, seq)`` alone orders them and events are never compared."""
+
+    t: float
+
+    def handle(self, sim: Simulator) -> None:
+        raise NotImplementedError
+
+
+@dataclass(slots=True, eq=False)
+class PeriodTick(Event):
+    """The end of a control period (every ``period_s`` from 0): the period's
+    :class:`~argusdiff.domain.ClusterStats` to the policy, its plan applied. The first one (at 0)
+    sees the first period's arrivals, as if the cluster ran before the trace started (otherwise
+    every policy would start planned for 0 QPM), and its models are loaded before the trace
+    (``SimConfig.warm_start``)."""
+
+    def handle(self, sim: Simulator) -> None:
+        t = self.t
+        sim.now = t
+        sim._sync(t)
+        period = sim.cfg.period_s
+        arr, pidx, tiers = sim.wl.arrivals_s, sim.wl.prompt_idx, sim.tier_codes
+        first = sim.first_plan
+        if first:
+            j0 = int(np.searchsorted(arr, period, side="left"))
+            stats = sim._stats(t, period, j0, pidx[:j0], arr[:j0] - period, tiers=tiers[:j0])
+        else:
+            i, last = sim.next_i, sim.last_tick_i
+            stats = sim._stats(t, period, i - last, pidx[last:i], arr[last:i], tiers=tiers[last:i])
+        sim.last_tick_i = sim.next_i
+        sim._new_plan(sim.policy.plan(stats), t, first and sim.cfg.warm_start)
+        sim.first_plan = False
+        if sim.check_s is not None:
+            sim.next_check = t + sim.check_s
+        sim.next_tick = t + period
+
+
+@dataclass(slots=True, eq=False)
+class PeriodCheck(Event):
+    """A look inside the period (``Policy.check_s``): the period so far, not yet observed
+    (``PlanTrigger.CHECK``); a plan the policy changes is applied."""
+
+    def handle(self, sim: Simulator) -> None:
+        t = self.t
+        sim.now = t
+        sim._sync(t)
+        arr = sim.wl.arrivals_s
+        i, last = sim.next_i, sim.last_tick_i
+        since = t - (sim.next_tick - sim.cfg.period_s)
+        stats = sim._stats(t, since, i - last, sim.wl.prompt_idx[:0], arr[last:i], reason=PlanTrigger.CHECK)
+        fresh = sim.policy.plan(stats)
+        if fresh is not sim.plan:
+            sim._new_plan(fresh, t, False)
+        sim.next_check = t + sim.check_s
+
+
+@dataclass(slots=True, eq=False)
+class Arrival(Event):
+    """Request ``i`` arrives: the policy routes it, admission judges it, and it is queued."""
+
+    i: int
+
+    def handle(self, sim: Simulator) -> None:
+        t, i = self.t, self.i
+        sim.now = t
+        if sim._fin and sim._fin[0][0] <= t:
+            sim._sync(t)
+        p = sim._pidx_l[i]
+        view, plan = sim.view, sim.plan
+        view.now_s = t
+        opt = sim._cur_opt
+        view.optimal_level = sim._cur_ids[opt[p]] if opt is not None else None
+        up_cache = sim.cache_up(t) if sim.cache_down else True
+        view.cache_healthy = up_cache
+        if sim.needs_similarity:
+            view.cache_similarity = sim.similarity(p) if up_cache else None
+        a = sim.policy.decide(sim._request(i, p), plan, view)
+        if not a.taken:
+            sim.status[i] = DROPPED
+        elif sim.admission is not None and not sim._admit(i, a.level, plan, t, a.verdict).admitted:
+            sim.status[i] = DROPPED
+            sim.refused[i] = True
+            # a false refusal: queued there and then, it would have finished within its SLO
+            would = sim._would_finish(i, p, t, a.level, plan, a.worker)
+            sim.false_refused[i] = would <= sim._arr_l[i] + sim._slo_l[i] + 1e-9
+        else:
+            sim.best_effort[i] = a.best_effort
+            sim._serve(i, p, t, a.level, plan, stage=0, worker=a.worker)
+        if sim.progress is not None and (i + 1) % sim._report_every == 0:
+            sim.progress((i + 1) / sim.wl.n_requests)
+
+
+@dataclass(slots=True, eq=False)
+class WorkersDown(Event):
+    """A fault: the last ``count`` up workers go down for ``duration`` seconds."""
+
+    count: int
+    duration: float
+
+    def handle(self, sim: Simulator) -> None:
+        sim.now = self.t
+        sim._sync(self.t)
+        sim._workers_down(self.t, self.count, self.duration)
+
+
+@dataclass(slots=True, eq=False)
+class WorkerUp(Event):
+    """Worker ``worker`` comes back, empty (its models must be loaded again); the requests that
+    waited for any worker are re-dispatched."""
+
+    worker: int
+
+    def handle(self, sim: Simulator) -> None:
+        t, w = self.t, self.worker
+        sim.now = t
+        sim._sync(t)
+        sim.up[w] = True
+        sim.up_since[w] = t
+        sim.free_at[w] = t
+        sim.model[w] = None
+        sim.resident[w].clear()
+        wid = sim.wids[w]
+        sim.view.worker_models[wid] = None
+        sim.view.busy_until[wid] = t
+        sim.view.up.add(wid)
+        sim._upv += 1
+        sim.qd[wid] = sim.qlen[w]
+        for i in sim.waiting:
+            sim.epoch[i] += 1
+            sim._push(Redispatch(t, i))
+        sim.waiting.clear()
+
+
+@dataclass(slots=True, eq=False)
+class Redispatch(Event):
+    """Request ``i``, taken off a failed worker (or waiting for one), is routed again."""
+
+    i: int
+
+    def handle(self, sim: Simulator) -> None:
+        sim.now = self.t
+        sim._sync(self.t)
+        sim._redispatch(self.i, self.t, sim.plan)
+
+
+@dataclass(slots=True, eq=False)
+class Defer(Event):
+    """Request ``i``'s light batch ends below the plan's confidence threshold: the policy hands it
+    to a heavy level (stale when the request was re-dispatched since: ``epoch``)."""
+
+    i: int
+    epoch: int
+    batch: _Batch
+
+    def handle(self, sim: Simulator) -> None:
+        t, i = self.t, self.i
+        sim.now = t
+        sim._sync(t)
+        if sim.epoch[i] != self.epoch or sim.status[i] != SERVED:
+            return
+        ready = self.batch.finish
+        if ready > t + 1e-12:  # the light batch grew after this event was scheduled
+            sim._push(Defer(ready, i, self.epoch, self.batch))
+            return
+        sim._defer(i, t, sim.plan, self.batch.level)
+
+
+@dataclass(slots=True, eq=False)
+class ModelLoaded(Event):
+    """A background load of ``model`` on ``worker`` ends: ARGUS §4.6 re-plans at once (a policy
+    with ``replans_on_load``), once for every load that ends at this instant."""
+
+    worker: int
+    model: str
+
+    def handle(self, sim: Simulator) -> None:
+        t = self.t
+        sim.now = t
+        sim._sync(t)
+        fresh = self._fresh(sim)
+        heap = sim.heap
+        while heap and heap[0][0] == t and type(heap[0][2]) is ModelLoaded:
+            more = heapq.heappop(heap)[2]
+            fresh = fresh or more._fresh(sim)
+        if fresh:
+            wl = sim.wl
+            stats = sim._stats(t, sim.cfg.period_s, 0, wl.prompt_idx[:0], wl.arrivals_s[:0], reason=PlanTrigger.LOADED)
+            sim._new_plan(sim.policy.plan(stats), t, False)
+
+    def _fresh(self, sim: Simulator) -> bool:
+        """The load still stands: its worker is up and the model was not evicted or reloaded."""
+        return sim.up[self.worker] and sim.resident[self.worker].get(self.model) == self.t
 
 
 class EventHandling:
-    """The events of a run and what each does to the cluster."""
+    """The run's events in order, and what the events share (mixed into
+    :class:`~argusdiff.simulator.engine.Simulator`, whose state it reads and changes)."""
 
-    def _push(self, t: float, *payload: Any) -> None:
-        heapq.heappush(self.heap, (t, self.seq, *payload))
+    def _next_event(self) -> Event | None:
+        """The next event of the run (None: the trace is done and nothing is pending). At one
+        instant the period's end goes first, then a look inside the period (only strictly before
+        the period's end), then the arrival, then the heap's events in push order."""
+        i = self.next_i
+        ta = self._arr_l[i] if i < self._n else INF
+        heap = self.heap
+        te = heap[0][0] if heap else INF
+        if i >= self._n and not heap:
+            return None
+        tc, tt = self.next_check, self.next_tick
+        if tc < tt and tc <= ta and tc <= te:
+            return PeriodCheck(tc)
+        if tt <= ta and tt <= te:
+            return PeriodTick(tt)
+        if te < ta:
+            return heapq.heappop(heap)[2]
+        self.next_i = i + 1
+        return Arrival(ta, i)
+
+    def _start_clock(self, n: int) -> None:
+        """The run's clock before its first event, for ``n`` arrivals: the next arrival, the next
+        period's end and look inside the period, the plan in force and its predicted optimal level
+        per prompt, and the heap of the other events (``(t, seq, event)``), holding the workers'
+        faults."""
+        self._n = n
+        self._pidx_l: list[int] = self.wl.prompt_idx.tolist()
+        self._report_every = max(1, n // 200)
+        self.next_i = 0
+        self.last_tick_i = 0  # the first arrival of the current period
+        self.next_tick = 0.0
+        check_s = self.policy.check_s
+        self.check_s = check_s if check_s and check_s < self.cfg.period_s else None
+        self.next_check = INF
+        self.first_plan = True
+        self.plan: Plan | None = None
+        self._cur_ids: tuple[str, ...] = ()
+        self._cur_opt: np.ndarray | None = None
+        self.heap: list[tuple[float, int, Event]] = []
+        self.seq = 0
+        for f in self.cfg.faults:
+            if f.kind == "gpus":
+                self._push(WorkersDown(f.start_s, f.count, f.duration_s))
+
+    def _push(self, ev: Event) -> None:
+        heapq.heappush(self.heap, (ev.t, self.seq, ev))
         self.seq += 1
 
-    def _event(self, ev: tuple, plan: Plan | None) -> None:
-        t, _, kind = ev[0], ev[1], ev[2]
-        if kind == "down":
-            self._workers_down(t, ev[3], ev[4])
-        elif kind == "up":
-            w = ev[3]
-            self.up[w] = True
-            self.up_since[w] = t
-            self.free_at[w] = t
-            self.model[w] = None
-            self.resident[w].clear()
-            self.view.worker_models[self.wids[w]] = None
-            self.view.busy_until[self.wids[w]] = t
-            self.view.up.add(self.wids[w])
-            self._upv += 1
-            self.qd[self.wids[w]] = self.qlen[w]
-            for i in self.waiting:
-                self.epoch[i] += 1
-                self._push(t, "redispatch", i)
-            self.waiting.clear()
-        elif kind == "redispatch":
-            i = ev[3]
-            self._redispatch(i, t, plan)
-        elif kind == "defer":
-            i, epoch, batch = ev[3], ev[4], ev[5]
-            if self.epoch[i] != epoch or self.status[i] != SERVED:
-                return
-            ready = batch.finish
-            if ready > t + 1e-12:  # the light batch grew after this event was scheduled
-                self._push(ready, "defer", i, epoch, batch)
-                return
-            self._defer(i, t, plan, batch.level)
+    def _new_plan(self, plan: Plan, t: float, warm: bool) -> None:
+        """Apply ``plan`` at ``t`` and keep its levels' predicted optimal level per prompt (the
+        policy's view of each arrival)."""
+        self.plan = plan
+        self._apply(plan, t, warm)
+        ids = plan.levels
+        opt = self.wl.optimal.get(ids)
+        if opt is None and ids == self.policy.profile.ids:
+            opt = self.wl.optimal_for(self.policy.profile)
+        self._cur_ids, self._cur_opt = ids, opt
 
     def _workers_down(self, t: float, count: int, duration: float) -> None:
         victims = [w for w in range(len(self.wids) - 1, -1, -1) if self.up[w]][:count]
@@ -76,13 +319,13 @@ class EventHandling:
                     self.status[i] = PENDING
                     self.worker_arr[i] = -1
                     self.epoch[i] += 1
-                    self._push(t, "redispatch", i)
+                    self._push(Redispatch(t, i))
             self.dq[w].clear()
             self.qlen[w] = 0
             self.qd[wid] = BIG_QUEUE
             # loads in progress are lost with the worker
             self.free_at[w] = INF
-            self._push(t + duration, "up", w)
+            self._push(WorkerUp(t + duration, w))
 
     def _redispatch(self, i: int, t: float, plan: Plan | None) -> None:
         p = int(self.wl.prompt_idx[i])

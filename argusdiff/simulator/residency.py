@@ -11,6 +11,7 @@ the level's ``load_time_s``. A plan's ``preload`` levels load alongside, in the 
 from __future__ import annotations
 
 from argusdiff.domain import ApproxLevel
+from argusdiff.simulator.events import ModelLoaded
 
 __all__ = ["ModelResidency"]
 
@@ -88,4 +89,4 @@ class ModelResidency:
         self.loads.append((w, t, end, model))
         self.load_end[w] = max(self.load_end[w], end)
         if self.replans_on_load:
-            self._push(end, "loaded", w, model)
+            self._push(ModelLoaded(end, w, model))

@@ -10,6 +10,7 @@ import heapq
 
 from argusdiff.domain import ApproxLevel, Plan, Strategy
 from argusdiff.errors import ConfigError
+from argusdiff.simulator.events import Defer
 from argusdiff.simulator.state import INF, PENDING, SERVED, _Batch
 
 __all__ = ["WorkerService"]
@@ -222,4 +223,4 @@ class WorkerService:
         if spec is not None:
             threshold = plan.thresholds.get(served.id, 0.0) if plan is not None else 0.0
             if self.confidences[served.id][p] < threshold:
-                self._push(batch.finish, "defer", i, int(self.epoch[i]), batch)
+                self._push(Defer(batch.finish, i, int(self.epoch[i]), batch))
