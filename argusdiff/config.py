@@ -42,7 +42,12 @@ class SolverConfig(_Section):
         description="allocation formulation (ARGUS Eq. 1) of `argusdiff plan` and the service's policy "
         "(exact: the fast path)",
     )
-    time_limit_s: float = Field(5.0, gt=0, description="per-solve time limit")
+    time_limit_s: float = Field(
+        5.0,
+        gt=0,
+        description="per-solve wall-clock limit of the service's policy (`argusdiff plan` solves without one "
+        "unless given `--time-limit-s`, a replay unless `policy_options` gives one)",
+    )
     switch_tolerance: float = Field(
         0.005, ge=0, le=1, description="relative quality a plan may give up to move fewer workers"
     )

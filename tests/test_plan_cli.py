@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -137,6 +140,7 @@ def test_plan_cascade_queue_models(capsys):
         (["--gpus", "2", "--load-qpm", "10", "--current", "sdxl-k0"], "--current"),
         (["--gpus", "4", "--load-qpm", "10", "--profile", "no-such-profile"], "no-such-profile"),
         (["--load-qpm", "10"], "--gpus"),
+        (["--gpus", "4", "--load-qpm", "10", "--time-limit-s", "0"], "--time-limit-s"),
     ],
 )
 def test_bad_options_exit_2(capsys, argv, needle):
@@ -229,3 +233,61 @@ def test_readme_plan_example_is_current_and_not_saturated():
 
     assert timeless(proc.stdout).splitlines() == [timeless(x) for x in shown]
     assert "SATURATED" not in proc.stdout and "saturated" not in proc.stdout
+
+
+ROOT = Path(__file__).resolve().parent.parent
+TIERS = "interactive=0.2,standard=0.5,batch=0.3"
+# check_refactor_equal's aggregated case: HiGHS needs 4-5.5 s for its MILP on a loaded 2-core
+# machine, so under the 5 s wall-clock limit it planned w0, w1 on sdxl-k10 in one run and on
+# sdxl-k0 in another (two plans of the same value to 2.5e-9: whichever incumbent the cut found)
+AGGREGATED = ["--profile", "unified-a100", "--gpus", "6", "--load-qpm", "150", "--tiers", TIERS,
+              "--formulation", "aggregated"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--profile", "unified-a100", "--gpus", "2", "--load-qpm", "20", "--formulation", "aggregated"],
+        ["--profile", "sdxl-ac-a100", "--gpus", "8", "--load-qpm", "120", "--backend", "highs"],
+        ["--profile", "cascade-sdturbo-sdv15", "--gpus", "16", "--load-qpm", "1200", "--backend", "highs"],
+    ],
+)
+def test_plan_solves_without_a_wall_clock_limit(capsys, monkeypatch, argv):
+    """Every solve of `argusdiff plan` stops at the backends' deterministic limits only (a plan is a
+    pure function of its inputs, whatever the machine's load); `--time-limit-s` sets a wall clock."""
+    from solver import allocate, backends, cascade
+
+    seen: list[float] = []
+    solve = backends.solve_milp
+
+    def spy(*a, **kw):
+        seen.append(kw["time_limit_s"])
+        return solve(*a, **kw)
+
+    for mod in (backends, allocate, cascade):  # the last two import the function by name
+        monkeypatch.setattr(mod, "solve_milp", spy)
+    code, out, _ = run(capsys, *argv, "--json")
+    assert code == 0 and json.loads(out)
+    assert seen and all(math.isinf(t) for t in seen), seen
+    seen.clear()
+    code, _, _ = run(capsys, *argv, "--time-limit-s", "30", "--json")
+    assert code == 0 and seen and all(t == 30 for t in seen), seen
+
+
+def test_aggregated_plan_is_the_same_under_any_hash_seed_and_load():
+    """check_refactor_equal's aggregated plan, planned in two processes side by side (each loading
+    the other's core) under PYTHONHASHSEED 0 and 2: the same JSON but the solve time."""
+    procs = []
+    for seed in ("0", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(ROOT)}
+        cmd = [sys.executable, "-m", "argusdiff", "plan", *AGGREGATED, "--json"]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+    plans = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+        got = json.loads(out)
+        got.pop("solve_s")
+        plans.append(got)
+    a, b = plans
+    assert a == b, (a["assignment"], b["assignment"])

@@ -94,6 +94,14 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         default=1.0,
         help="unified profiles: cache hit rate of the AC levels with K > 0 (a miss runs at K = 0); default 1.0",
     )
+    parser.add_argument(
+        "--time-limit-s",
+        type=_non_negative_float,
+        default=None,
+        help="wall-clock limit per solve, in seconds (default: none: every solve stops at its backend's "
+        "deterministic limits, so the plan is a pure function of the inputs; with a limit a solve cut short "
+        "keeps the best plan found by then, which depends on the machine's speed and load)",
+    )
     parser.add_argument("--config", help="settings TOML file")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(run=run)
@@ -168,6 +176,20 @@ def _formulation(args: argparse.Namespace, settings) -> str:
     return args.formulation
 
 
+def _time_limit(args: argparse.Namespace) -> float:
+    """The wall-clock limit per solve: ``--time-limit-s``, else none. Not settings' ``[solver]
+    time_limit_s`` (the service's bound on a control period's solve): a MILP that needs longer is
+    cut at whatever incumbent the machine's load let it reach (the aggregated plan of 6 GPUs at
+    150 QPM with a tier mix took 4.3-5.4 s on HiGHS, and its incumbents at 5 s put different levels
+    on the workers run to run), so like a replay the command stops only at the backends'
+    deterministic limits (``solver.backends.HIGHS_NODE_LIMIT``, ``GUROBI_WORK_LIMIT``) unless asked."""
+    if args.time_limit_s is None:
+        return math.inf
+    if args.time_limit_s <= 0:
+        raise ConfigError(f"--time-limit-s: must be > 0, got {args.time_limit_s:g}")
+    return args.time_limit_s
+
+
 def _quality_by_prompt(profile, affinity: Sequence[float], pasm) -> float:
     """The plan's expected quality relative to each prompt's optimal level (ARGUS: no loss at or
     above it, ``quality(served) / quality(optimal)`` below): ``sum_i H_i sum_j PASM_ij q_ij``, the
@@ -215,7 +237,7 @@ def run(args: argparse.Namespace) -> int:
         backend=backend,
         switch_tolerance=tol,
         margin=args.margin,
-        time_limit_s=settings.solver.time_limit_s,
+        time_limit_s=_time_limit(args),
     )
     served = args.gpus > 0
     pasm = oda(affinity, alloc.share) if served else None
@@ -343,7 +365,7 @@ def _run_unified(args, profile, settings, backend) -> int:
         formulation=formulation,
         backend=backend,
         switch_tolerance=tol,
-        time_limit_s=settings.solver.time_limit_s,
+        time_limit_s=_time_limit(args),
     )
     share = up.share()
     counts = {lv: sum(1 for v in up.level_assignment.values() if v == lv) for lv in up.levels}
@@ -441,7 +463,7 @@ def _run_cascade(args, profile, settings, backend) -> int:
         queue_model=args.queue_model,
         overprovision=settings.solver.overprovision * args.margin,
         backend=backend,
-        time_limit_s=settings.solver.time_limit_s,
+        time_limit_s=_time_limit(args),
     )
     if args.json:
         print(
