@@ -31,10 +31,10 @@ Usage: python scripts/run_results.py [--out docs/results.md] [--keep DIR] [--sec
 Quality: SYNTHETIC tables (traces.synthetic) unless --quality FILE; the classifier is the oracle
 stand-in with 10% confusion unless --classifier DIR. Every table says which.
 Admission after the policies: **on** (the product's default, as ``argusdiff replay`` and ``argusdiff
-serve`` run it) in the product's sections, one plan over every path, faults and stress, which come
-first; **off** (``--no-admission``: the papers' setting, each policy alone as its paper ran it) in
-ARGUS's comparison, the papers' load (but its ``argus+, admission on`` row), the predictor tables,
-"As published" and DiffServe's comparison. Every section's header says which.
+serve`` run it) in the product's sections, one plan over every path and faults, which come first;
+**off** (``--no-admission``: the papers' setting, each policy alone as its paper ran it) in ARGUS's
+comparison, the papers' load (but its ``argus+, admission on`` row), the predictor tables, "As
+published", DiffServe's comparison and the stress traces (ARGUS's own stress ramp). Every section's header says which.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ READINGS = [  # (label, predictor spec) for the predictor section
 
 
 #: the sections run with the product's defaults (admission on), ahead of the papers' setting
-PRODUCT_SECTIONS = ("unified", "faults", "stress")
+PRODUCT_SECTIONS = ("unified", "faults")
 PAPERS_SETTING = (
     "_The papers' setting: admission after the policies is off (`--no-admission`), each policy alone, as its "
     "paper ran it._\n\n"
@@ -466,7 +466,7 @@ def papers_section(sources: dict[str, tuple[str, str, float | None]], common, ke
 
 
 #: every section of the generated part of results.md, in its order (``--sections`` picks some)
-SECTIONS = ("unified", "faults", "stress", "argus", "papers", "predictor", "published", "diffserve")
+SECTIONS = ("unified", "faults", "argus", "papers", "predictor", "published", "diffserve", "stress")
 TABLES = "<!-- tables -->"
 
 
@@ -857,11 +857,11 @@ def main() -> int:
         scaled_trace(args.twitter, 2 * peak, tmp / "twitter-2x.csv", drop_slo=True)
         parts = [
             "## Stress beyond capacity (these rows measure the trace as much as the policy)\n\n"
-            f"{PRODUCT_SETTING}Traces whose load exceeds what the 8-worker AC cluster can serve at its fastest "
+            f"{PAPERS_SETTING}Traces whose load exceeds what the 8-worker AC cluster can serve at its fastest "
             "level for long stretches; every AC policy saturates there."
         ]
         for key, (trace, desc) in stress.items():
-            spec = {**common, "trace": trace, "admission": True}
+            spec = {**common, "trace": trace}
             res = run_replay(ReplaySpec(**spec, policies=policies))
             merge_runs(res, {**spec, "profile": "sm-a100", "unified": False, "policies": ["argus+"]}, sm_label)
             merge_runs(
