@@ -71,8 +71,9 @@ def test_exact_aggregated_and_paper_reach_the_same_quality(inst):
 @given(instances(max_levels=8, max_workers=300))
 def test_exact_matches_aggregated_milp_on_larger_clusters(inst):
     levels, W, demand = inst
-    a = allocate(levels, W, demand, formulation="exact")
-    b = allocate(levels, W, demand, formulation="aggregated", backend="highs")
+    # no wall-clock limit (as replays solve): a loaded machine otherwise cut a 100-worker MILP short
+    a = allocate(levels, W, demand, formulation="exact", time_limit_s=math.inf)
+    b = allocate(levels, W, demand, formulation="aggregated", backend="highs", time_limit_s=math.inf)
     assert a.expected_quality == pytest.approx(b.expected_quality, abs=1e-7)
 
 
@@ -311,8 +312,9 @@ def unordered_instances(draw):
 @given(unordered_instances())
 def test_exact_matches_the_milp_on_unordered_levels(inst):
     levels, W, demand = inst
-    a = allocate(levels, W, demand, formulation="exact")
-    b = allocate(levels, W, demand, formulation="aggregated", backend="highs")
+    # no wall-clock limit (as replays solve): a loaded machine otherwise cut a 100-worker MILP short
+    a = allocate(levels, W, demand, formulation="exact", time_limit_s=math.inf)
+    b = allocate(levels, W, demand, formulation="aggregated", backend="highs", time_limit_s=math.inf)
     assert a.expected_quality == pytest.approx(b.expected_quality, abs=1e-7)
     assert a.capacity_qpm >= demand - 1e-6
 
