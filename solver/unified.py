@@ -84,6 +84,15 @@ NOMINAL_QPM = 1.0  # demand planned for when none is predicted (routes each clas
 NEGLIGIBLE_QPM = 1e-3  # below this (one request in ~17 hours) no demand is predicted
 
 
+def _second_pass(problem, m, sol, wg, opts, notes, used_backend):
+    """The switch-cost pass, when there is a placement to keep. A cold start (no worker runs or holds
+    a model) has none: every placement moves nothing, so the pass would return any plan within the
+    tolerance, and the value pass's plan is the one to take."""
+    if problem.current and used_backend != "fallback" and wg.cost.any():
+        return switch_pass(problem, m, sol, wg, opts, notes)
+    return None
+
+
 def plan_unified(
     problem: UnifiedProblem,
     *,
@@ -161,11 +170,8 @@ def plan_unified(
         if not any(n.startswith("exact search") or "maximum-throughput" in n for n in notes):
             notes.append("no plan found by the solver; using the maximum-throughput plan")
     wg = worker_groups(problem, comp.pools, comp.pidx)
-    pass2 = None
-    # no worker runs or holds a model (a cold start): every placement moves nothing, so the pass
-    # would return any plan within the tolerance; the value pass's plan is the one to take
-    if problem.current and used_backend != "fallback" and wg.cost.any():
-        pass2 = switch_pass(problem, m, sol, wg, opts, notes)
+    pass2 = _second_pass(problem, m, sol, wg, opts, notes, used_backend)
+    if pass2 is not None:
         nodes += pass2.nodes
         if pass2.backend and pass2.backend != used_backend:
             used_backend = f"{used_backend}+{pass2.backend}"
