@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
@@ -18,8 +18,9 @@ from argusdiff.admission import ADMITTED, Decision
 from argusdiff.domain import Outcome, Plan, PlanTrigger, Strategy
 from argusdiff.simulator.state import BIG_QUEUE, DROPPED, INF, PENDING, SERVED, _Batch
 
-if TYPE_CHECKING:
-    from argusdiff.simulator.engine import Simulator
+#: the :class:`~argusdiff.simulator.engine.Simulator` an event acts on (engine.py imports this
+#: module, so the type is named, not imported: no import cycle, type-only ones included)
+Simulator = Any
 
 __all__ = [
     "Arrival",
