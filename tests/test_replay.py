@@ -91,7 +91,7 @@ def test_replay_json_and_faults(capsys):
     assert rc == 0
     data = json.loads(capsys.readouterr().out)
     # the flagship (argus+ on every path) with its path ablations; argus+ (AC) as the base of its own
-    unified = {"argus+", *(f"argus+ -{x}" for x in ("cascades", "AC", "SM", "tiers"))}
+    unified = {"argus+", *(f"argus+ -{x}" for x in ("cascades", "AC", "SM", "tiers", "checks"))}
     assert set(data["policies"]) == {
         "argus+ (AC)",
         "argus+ (AC) -admission",
@@ -99,6 +99,7 @@ def test_replay_json_and_faults(capsys):
         "argus+ (AC) -switch",
         "argus+ (AC) -pooled",
         "argus+ (AC) -measured",
+        "argus+ (AC) -checks",
         *unified,
     }
     assert data["policies"]["argus+"]["profile"] == "unified-a100"
@@ -291,10 +292,12 @@ def test_variant_runs_come_from_the_policies_that_declare_them():
         "argus+ (AC) -switch",
         "argus+ (AC) -pooled",
         "argus+ (AC) -measured",
+        "argus+ (AC) -checks",
         "argus+ -cascades",
         "argus+ -AC",
         "argus+ -SM",
         "argus+ -tiers",
+        "argus+ -checks",
         "argus+ (AC+SM)",
     ]
     on = {label: profile for label, _, _, profile in runs}
