@@ -159,7 +159,10 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ablation",
         action="store_true",
-        help="also run argus+ without cascades, AC, SM, tiers or in-period checks, and argus+ (AC) with each part switched off",
+        help=(
+            "also run argus+ without cascades, AC, SM, tiers or in-period checks, "
+            "and argus+ (AC) with each part switched off"
+        ),
     )
     parser.add_argument(
         "--unified-profile",
