@@ -15,7 +15,7 @@ import enum
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 __all__ = [
     "DEFAULT_TIER_SLO",
@@ -30,6 +30,7 @@ __all__ = [
     "Delivery",
     "Outcome",
     "Plan",
+    "PlanRoute",
     "PlanTrigger",
     "Profile",
     "Refusal",
@@ -573,12 +574,34 @@ class ClusterStats:
         return self.arrivals * 60.0 / self.period_s if self.period_s > 0 else 0.0
 
 
+class PlanRoute(Protocol):
+    """The per-request routing of one plan (each policy's routing object, :mod:`argusdiff.policies`):
+    built from the plan, its profile and the policy's options when the plan is made, immutable,
+    and reading only that snapshot, the request and the data path's view (``view``: a
+    :class:`argusdiff.policies.RouteView`; ``rng``: the policy's ``numpy.random.Generator``)."""
+
+    def route(self, request: Request, view: Any, rng: Any) -> Assignment:
+        """The level that serves ``request`` (or a drop)."""
+        ...
+
+    def route_heavy(self, request: Request, view: Any) -> Assignment:
+        """A cascade deferral: the heavy level that redoes it, a drop, or the light image kept."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class Plan:
     """The control path's decision for one period (published to router and workers).
 
     ``pasm[i][j]`` is P(v'_j | v_i): the probability that a prompt whose optimal level is
     ``levels[i]`` is served at ``levels[j]`` (ARGUS §4.3). Every row sums to 1.
+
+    ``routing`` is the plan's routing object (:class:`PlanRoute`), which the data path routes each
+    request with: the policy that makes a plan attaches it (``Policy.routed``, by
+    :meth:`with_routing`), a router attaches its own to a plan it reads from the control store. It
+    is not data of the plan: equality, ``repr`` and the JSON form (``service.plans``) leave it out,
+    and ``dataclasses.replace`` drops it (a changed plan needs a routing of its own;
+    :meth:`renumbered` keeps it).
     """
 
     version: int
@@ -614,6 +637,20 @@ class Plan:
     # level id -> measured latency / profiled that the plan was made with (argusdiff.latency); its
     # routing and admission judge deadlines with the same latencies. Empty: as profiled
     latency_scale: Mapping[str, float] = field(default_factory=dict)
+    routing: PlanRoute | None = field(default=None, init=False, repr=False, compare=False)
+
+    def with_routing(self, routing: PlanRoute) -> Plan:
+        """This plan carrying ``routing`` (a copy: a plan's routing is set before it is published,
+        never changed after)."""
+        plan = replace(self)
+        object.__setattr__(plan, "routing", routing)
+        return plan
+
+    def renumbered(self, version: int) -> Plan:
+        """This plan as version ``version``, with its routing (which does not depend on the version)."""
+        plan = replace(self, version=version)
+        object.__setattr__(plan, "routing", self.routing)
+        return plan
 
     def pasm_for(self, tier: str | None) -> tuple[tuple[float, ...], ...]:
         """The PASM a request of ``tier`` is routed with."""

@@ -541,7 +541,7 @@ def test_pooled_ac_plan_is_pulled_alike_by_the_simulator_the_workers_and_admissi
     live = [Worker(w, None, lambda lv: None, levels=levels) for w in ws]
     for w in live:
         w.apply_plan(plan)
-    r = pol.routing(plan)
+    r = plan.routing
     for lv in profile.ids:
         simulated = {ws[k] for k in sim.pullers.get(lv, ())}
         pulled = {w.worker_id for w in live if w.target_level == lv or lv in w.sibling_levels}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
@@ -191,12 +192,7 @@ def test_argus_plus_serves_hopeless_requests_best_effort_at_the_fastest_level(pr
     sm = profiles["sm"]
     pol = make_policy("argus+", sm, rng=np.random.default_rng(0), config={"slo_s": 12.6})
     plan = pol.static_plan(ClusterStats(now_s=0.0, period_s=60.0, arrivals=0, workers=("w0", "w1")), sm.best.id)
-    plan = type(plan)(
-        **{
-            **{f: getattr(plan, f) for f in plan.__dataclass_fields__},
-            "assignment": {"w0": sm.best.id, "w1": sm.fastest.id},
-        }
-    )
+    plan = dataclasses.replace(plan, assignment={"w0": sm.best.id, "w1": sm.fastest.id})
     req = Request(id="r", prompt="p", arrival_s=0.0)
     # both workers are backed up far beyond the deadline: no level can make it
     view = RouteView(

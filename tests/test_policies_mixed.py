@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
 import pytest
 
-from argusdiff.domain import ClusterStats, Plan, Request, Strategy
+from argusdiff.domain import ClusterStats, Request, Strategy
 from argusdiff.errors import ConfigError
 from argusdiff.policies import RouteView, make_policy
 from argusdiff.policies.mixed import is_mixed, merged_ladder, miss_fallback
@@ -74,8 +75,7 @@ def test_miss_fallback_picks_the_best_cache_free_level_no_slower_than_the_hit(mi
 def _plan(policy, mixed, assignment):
     base = policy.static_plan(ClusterStats(now_s=0.0, period_s=60.0, arrivals=0, workers=tuple(assignment)), "sdxl-k10")
     # a mixed ladder's plans are SM plans (levels differ in model), as Argus.plan makes them
-    fields = {f: getattr(base, f) for f in base.__dataclass_fields__}
-    return Plan(**{**fields, "assignment": assignment, "strategy": Strategy.SM})
+    return dataclasses.replace(base, assignment=assignment, strategy=Strategy.SM)
 
 
 def test_argus_plus_on_a_cache_miss_runs_k0_in_time_else_a_smaller_model(mixed):

@@ -1,9 +1,11 @@
 """Routing going down as a value (issue 25, point 2): ARGUS, PAC, Proteus and argus+ route each
-request with one immutable routing object per plan, built from the plan, the profile and the
-options (never a reference to the policy), with the policy's generator passed in; argus+'s modes
-are named classes."""
+request with the immutable routing object its plan carries (``Plan.routing``), built from the
+plan, the profile and the options (never a reference to the policy) when the plan is made, with
+the policy's generator passed in; argus+'s modes are named classes."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -39,9 +41,8 @@ def test_each_plan_routes_with_one_immutable_value(policy_name, profile_name, ki
     config = {"backend": "highs", "slo_s": 12.6} if profile_name == "mixed" else {"backend": "highs"}
     pol = make_policy(policy_name, profile, rng=np.random.default_rng(0), config=config)
     plan = pol.plan(ClusterStats(now_s=60.0, period_s=60.0, arrivals=120, workers=WORKERS))
-    r = pol.routing(plan)
+    r = plan.routing  # the plan carries it: built by the policy when it made the plan
     assert type(r).__name__ == kind
-    assert pol.routing(plan) is r  # built once per plan, reused
     with pytest.raises(AttributeError):
         r.levels = ()  # immutable
     slots = {s for c in type(r).__mro__ for s in getattr(c, "__slots__", ())}
@@ -56,6 +57,33 @@ def test_each_plan_routes_with_one_immutable_value(policy_name, profile_name, ki
         view.now_s = 60.0 + 7.0 * k
         req = Request(id=str(k), prompt="p", arrival_s=view.now_s - 3.0 * (k % 4))
         assert pol.route(req, plan, view) == r.route(req, view, rng)
-    # a new plan gets a new routing object
+    # a new plan carries a new routing object
     plan2 = pol.plan(ClusterStats(now_s=120.0, period_s=60.0, arrivals=300, workers=WORKERS))
-    assert pol.routing(plan2) is not r and pol.routing(plan2).fits(plan2)
+    assert plan2.routing is not None and plan2.routing is not r
+    # not data of the plan: equality leaves it out, a changed copy has none until routed, a
+    # renumbered one keeps it
+    bare = dataclasses.replace(plan)
+    assert bare.routing is None and bare == plan and "routing" not in repr(plan)
+    assert plan.renumbered(plan.version + 5).routing is r
+    assert pol.routed(plan) is plan and type(pol.routed(bare).routing) is type(r)
+
+
+@pytest.mark.parametrize(("policy_name", "profile_name"), [("argus", "sm-a100"), ("argus+", "unified-a100")])
+def test_a_plan_read_from_the_control_store_is_routed_by_the_routers_policy(policy_name, profile_name):
+    """A follower reads the plan as JSON (no routing object): its router attaches one its own
+    policy builds, which routes as the leader's does."""
+    from argusdiff.service.plans import plan_from_dict, plan_to_dict
+
+    profile = _profile(profile_name)
+    leader = make_policy(policy_name, profile, rng=np.random.default_rng(0), config={"backend": "highs"})
+    follower = make_policy(policy_name, profile, rng=np.random.default_rng(0), config={"backend": "highs"})
+    plan = leader.plan(ClusterStats(now_s=60.0, period_s=60.0, arrivals=120, workers=WORKERS))
+    read = plan_from_dict(plan_to_dict(plan))
+    assert read.routing is None and read == plan
+    routed = follower.routed(read)
+    assert type(routed.routing) is type(plan.routing)
+    view = RouteView(now_s=60.0, busy_until=dict.fromkeys(WORKERS, 0.0), up=set(WORKERS), slo_s=leader.slo_s)
+    for k, lv in enumerate(profile.ids * 2):
+        view.optimal_level = lv
+        req = Request(id=str(k), prompt="p", arrival_s=59.0)
+        assert leader.decide(req, plan, view) == follower.decide(req, routed, view)

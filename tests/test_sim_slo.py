@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -169,12 +170,7 @@ def test_simulator_hands_each_request_its_own_deadline_and_tier(ac, sm, base_wl)
 def test_argus_plus_admission_uses_the_requests_own_deadline(sm):
     pol = make_policy("argus+", sm, rng=np.random.default_rng(0), config={"slo_s": SLO})
     plan = pol.static_plan(ClusterStats(now_s=0.0, period_s=60.0, arrivals=0, workers=("w0", "w1")), sm.best.id)
-    plan = type(plan)(
-        **{
-            **{f: getattr(plan, f) for f in plan.__dataclass_fields__},
-            "assignment": {"w0": sm.best.id, "w1": sm.fastest.id},
-        }
-    )
+    plan = dataclasses.replace(plan, assignment={"w0": sm.best.id, "w1": sm.fastest.id})
 
     def view():
         return RouteView(

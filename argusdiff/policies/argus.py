@@ -139,7 +139,6 @@ class Argus(Policy, name="argus", family="ac"):
         self.returning = False  # SM -> AC: SD-XL loads on every worker before the plan switches
         self.targets: dict[str, str] = {}
         self.requested: dict[str, float] = {}
-        self._routing: ArgusRouting | None = None
 
     def known_profiles(self) -> tuple[Profile, ...]:
         return tuple(p for p in (self.profile, self.options.fallback) if p is not None)
@@ -311,6 +310,11 @@ class Argus(Policy, name="argus", family="ac"):
         return out
 
     def plan(self, stats: ClusterStats) -> Plan:
+        return self.routed(self.ladder_plan(stats))
+
+    def ladder_plan(self, stats: ClusterStats) -> Plan:
+        """The plan of the active ladder (the AC profile, or its smaller-model fallback), without
+        its routing object."""
         notes = self._update_mode(stats)
         # keep every histogram current (the fallback's too, so a switch starts informed)
         shares = {name: self.shares_for(p, stats) for name, p in self._profiles().items()}
@@ -370,21 +374,18 @@ class Argus(Policy, name="argus", family="ac"):
 
     # ---- data path -----------------------------------------------------------------------
 
-    def routing(self, plan: Plan) -> ArgusRouting:
-        """``plan``'s routing object (:meth:`make_routing`), built once per plan and reused."""
-        r = self._routing
-        if r is None or not r.fits(plan):
-            r = self._routing = self.make_routing(plan)
-        return r
-
     def make_routing(self, plan: Plan) -> ArgusRouting:
         """The immutable routing of ``plan``: from the plan, its profile (the primary's or the
         fallback's levels) and whether the policy routes by the prompt's predicted optimal level."""
-        prof = self.primary if plan.levels == self.primary.ids else (self.fallback or self.primary)
-        return ArgusRouting(plan, prof, prompt_aware=self.uses_classifier)
+        return ArgusRouting(plan, self.profile_of(plan), prompt_aware=self.uses_classifier)
+
+    def profile_of(self, plan: Plan) -> Profile:
+        """The profile whose levels ``plan`` runs: the primary's, else the fallback's."""
+        return self.primary if plan.levels == self.primary.ids else (self.fallback or self.primary)
 
     def route(self, request: Request, plan: Plan, view: RouteView) -> Assignment:
-        return self.routing(plan).route(request, view, self.rng)
+        """The plan's routing object routes it (one draw from the policy's generator)."""
+        return self.routing_of(plan).route(request, view, self.rng)
 
 
 class ArgusRouting(PlanRouting):

@@ -173,7 +173,7 @@ class ArgusPlus(Argus, name="argus+", family="ac"):
     def plan(self, stats: ClusterStats) -> Plan:
         if stats.reason is PlanTrigger.CHECK and self._last_plan is not None and not self._moved(stats):
             return self._last_plan
-        plan = self._plan(stats)
+        plan = self.routed(self._plan(stats))
         self._last_plan = plan
         return plan
 
@@ -186,7 +186,7 @@ class ArgusPlus(Argus, name="argus+", family="ac"):
 
     def _plan(self, stats: ClusterStats) -> Plan:
         if not self.unified:
-            plan = super().plan(stats)
+            plan = self.ladder_plan(stats)
             scale = self._scale(stats)
             if scale:
                 plan = dataclasses.replace(plan, latency_scale=scale)
@@ -216,7 +216,7 @@ class ArgusPlus(Argus, name="argus+", family="ac"):
 
     def route_heavy(self, request: Request, plan: Plan, view: RouteView) -> Assignment:
         """A cascade deferral (unified plans): the pair's heavy level on a worker holding its model."""
-        return self.routing(plan).route_heavy(request, view)
+        return self.routing_of(plan).route_heavy(request, view)
 
     def demand_qpm(self, stats: ClusterStats) -> float:
         """ARGUS's estimate at a period's end; a check's re-plan plans for the check's reading, and
@@ -262,7 +262,7 @@ class ArgusPlus(Argus, name="argus+", family="ac"):
             return {w: self._planned.get(w) for w in stats.workers}
         return super().planned_current(profile, stats)
 
-    def make_routing(self, plan: Plan) -> Any:
+    def make_routing(self, plan: Plan) -> UnifiedRouting | LadderRouting:
         """The plan's immutable routing object, one per mode: :class:`UnifiedRouting` (a unified
         plan), :class:`MixedLadderRouting` (a merged AC+SM ladder: cache misses at AC levels) or
         :class:`LadderRouting` (an AC or smaller-model ladder; a pooled AC plan has every worker at
@@ -270,7 +270,7 @@ class ArgusPlus(Argus, name="argus+", family="ac"):
         o = self.options
         if self.unified:
             return UnifiedRouting(plan, self.profile, tiers=o.tiers, admission=o.admission, slo_s=self.slo_s)
-        prof = self.primary if plan.levels == self.primary.ids else (self.fallback or self.primary)
+        prof = self.profile_of(plan)
         workers = None
         if self._pooled_plan(plan):
             # every level of a pooled plan is served by every worker of the pool

@@ -34,6 +34,7 @@ from argusdiff.domain import (
     Delivery,
     Outcome,
     Plan,
+    PlanRoute,
     Profile,
     Refusal,
     Request,
@@ -346,6 +347,29 @@ class Policy(abc.ABC):
     def plan(self, stats: ClusterStats) -> Plan:
         """The plan for the next control period."""
 
+    # ---- the plan's routing object ---------------------------------------------------------
+
+    def make_routing(self, plan: Plan) -> PlanRoute | None:
+        """The immutable routing object of ``plan`` (:class:`~argusdiff.domain.PlanRoute`): built
+        from the plan, the profile and the options, never a reference to the policy. Default:
+        None (a policy that routes in :meth:`route` itself)."""
+        return None
+
+    def routed(self, plan: Plan) -> Plan:
+        """``plan`` carrying its routing object: ``plan`` itself when it carries one already, else
+        a copy with :meth:`make_routing`'s. ``plan()`` returns its plans so; the live router
+        attaches it to a plan it reads from the control store (a follower's)."""
+        if plan.routing is not None:
+            return plan
+        routing = self.make_routing(plan)
+        return plan if routing is None else plan.with_routing(routing)
+
+    def routing_of(self, plan: Plan) -> Any:
+        """The routing object ``plan`` carries; a plan without one (built by hand, or changed with
+        ``dataclasses.replace``) is routed with one built for the call."""
+        routing = plan.routing
+        return routing if routing is not None else self.make_routing(plan)
+
     # ---- data path -----------------------------------------------------------------------
 
     @abc.abstractmethod
@@ -571,14 +595,15 @@ def nearest_served(has_worker: Sequence[Any], j: int) -> int:
 
 class PlanRouting:
     """The data path's snapshot of one plan: workers per level and cumulative PASM rows, built once
-    per plan and never changed (immutable: setting an attribute raises). ``route()`` reads only
-    this and the RouteView; ``plan()`` never touches it, so the control path may plan in another
-    thread. ``workers`` overrides the plan's workers per level (argus+'s pooled AC plan: every
-    worker at every level). A policy's own routing (e.g. :class:`~argusdiff.policies.argus.ArgusRouting`)
-    extends it with what its ``route`` needs, taken from the plan, the profile and the options when
-    it is built, never from the mutable policy."""
+    per plan (the plan carries it: ``Plan.routing``) and never changed (immutable: setting an
+    attribute raises). ``route()`` reads only this and the RouteView; ``plan()`` never touches it,
+    so the control path may plan in another thread. ``workers`` overrides the plan's workers per
+    level (argus+'s pooled AC plan: every worker at every level). A policy's own routing (e.g.
+    :class:`~argusdiff.policies.argus.ArgusRouting`) extends it with what its ``route`` needs,
+    taken from the plan, the profile and the options when it is built, never from the mutable
+    policy."""
 
-    __slots__ = ("_cum", "cum", "index", "levels", "plan", "version", "workers")
+    __slots__ = ("_cum", "cum", "index", "levels", "workers")
 
     def __init__(self, plan: Plan, workers: tuple[tuple[str, ...], ...] | None = None) -> None:
         index = {lv: i for i, lv in enumerate(plan.levels)}
@@ -595,8 +620,6 @@ class PlanRouting:
         # finds on the array) without numpy's per-call overhead
         frozen_init(
             self,
-            plan=plan,
-            version=plan.version,
             levels=plan.levels,
             index=index,
             workers=workers,
@@ -607,9 +630,14 @@ class PlanRouting:
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"{type(self).__name__} is immutable (built once per plan)")
 
-    def fits(self, plan: Plan) -> bool:
-        """Whether this is ``plan``'s routing (built from this very plan object)."""
-        return self.plan is plan
+    def route_heavy(self, request: Request, view: RouteView) -> Assignment:
+        """A cascade deferral under a routing that does not cascade: the light image is the answer."""
+        return Assignment(
+            level=None,
+            reason="the policy does not cascade: light image returned",
+            outcome=Outcome.KEPT,
+            cause=RouteReason.NO_HEAVY,
+        )
 
     def sample(self, row: int, u: float) -> int:
         """Level index drawn from PASM row ``row`` with uniform ``u``, restricted to levels that

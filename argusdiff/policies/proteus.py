@@ -30,8 +30,7 @@ class Proteus(Pac, name="proteus", family="sm"):
     cascade_as_ladder = True
 
     def make_routing(self, plan: Plan) -> ProteusRouting:
-        prof = self.primary if plan.levels == self.primary.ids else (self.fallback or self.primary)
-        return ProteusRouting(plan, prof, prompt_aware=False)
+        return ProteusRouting(plan, self.profile_of(plan), prompt_aware=False)
 
 
 class ProteusRouting(ArgusRouting):

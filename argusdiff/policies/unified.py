@@ -285,7 +285,6 @@ class UnifiedRouting:
         "lat",
         "levels",
         "needs_hit",
-        "plan",
         "pool",
         "quality",
         "reserved",
@@ -294,7 +293,6 @@ class UnifiedRouting:
         "tier_pool",
         "tiers",
         "unreserved",
-        "version",
     )
 
     def __init__(self, plan: Plan, profile: Profile, *, tiers: bool, admission: bool, slo_s: float) -> None:
@@ -319,8 +317,6 @@ class UnifiedRouting:
         pos = {lv: i for i, lv in enumerate(profile.ids)}
         frozen_init(
             self,
-            plan=plan,
-            version=plan.version,
             levels=plan.levels,
             index=index,
             cascades=plan.cascades,
@@ -346,10 +342,6 @@ class UnifiedRouting:
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"{type(self).__name__} is immutable (built once per plan)")
-
-    def fits(self, plan: Plan) -> bool:
-        """Whether this is ``plan``'s routing (built from this very plan object)."""
-        return self.plan is plan
 
     def pools(self, tier: str | None) -> tuple[tuple[str, ...], ...]:
         """Workers per level that a request of ``tier`` may use (None: tier-unaware, every worker)."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import math
 import time
@@ -212,7 +211,7 @@ class ControlLoop:
         if elapsed_s is None and not check:
             self._last_full = (period.arrivals, elapsed)
         self._version = max(self._version + 1, plan.version)
-        plan = dataclasses.replace(plan, version=self._version)
+        plan = plan.renumbered(self._version)  # with the routing object the policy attached
         self.store.publish_plan(plan)
         self._release_strays(plan)
         self._migrate_orphans(plan, level_queue)

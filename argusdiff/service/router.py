@@ -768,5 +768,7 @@ class Router:
         return replace(item, level=assignment.level, enqueue_s=now, meta=meta), None
 
     def set_plan(self, plan: Plan, up: frozenset[str]) -> None:
-        self.plan = plan
+        """Route with ``plan`` from now on, by its routing object (``Plan.routing``): the policy's,
+        or, for a plan read from the control store (a follower's), one this router's policy builds."""
+        self.plan = self.policy.routed(plan)
         self.up = up
