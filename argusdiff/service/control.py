@@ -22,7 +22,7 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from argusdiff.domain import TIER_PRIORITY, Plan, PlanTrigger, Strategy
@@ -313,14 +313,28 @@ class ControlLoop:
     async def check(self) -> Plan | None:
         """A look inside the period for the policy (``Policy.check_s``): the period so far, which
         goes on counting; a new plan is published only when the policy makes one."""
-        period = self.router.peek_period()
+        return await self._step_and_publish("check", self.router.peek_period(), None, check=True)
+
+    async def _step_and_publish(
+        self,
+        what: str,
+        period: PeriodStats,
+        elapsed: float | None,
+        on_error: Callable[[], None] | None = None,
+        **kw: Any,
+    ) -> Plan | None:
+        """:meth:`step` on a worker thread, then the plan it makes published to the router; a
+        failure keeps the previous plan (``on_error`` runs, the error is recorded and logged as
+        the control ``what``'s); None: nothing published."""
         try:
-            plan = await asyncio.to_thread(self.step, period, None, check=True)
+            plan = await asyncio.to_thread(self.step, period, elapsed, **kw)
         except Exception as exc:
+            if on_error is not None:
+                on_error()
             self.last_error = f"{type(exc).__name__}: {exc}"
-            log.warning("control check failed: %s", self.last_error)
+            log.warning("control %s failed: %s", what, self.last_error)
             return None
-        if plan is None:
+        if plan is None:  # a look inside the period that kept the plan
             return None
         self.last_error = None
         self.router.set_plan(plan, frozenset(self.alive))
@@ -357,18 +371,9 @@ class ControlLoop:
         else:  # the last full period's rate; the current period keeps counting
             arrivals, elapsed = self._last_full
             period = PeriodStats(arrivals, latency_scale=self.router.latency_scales())
-        try:
-            plan = await asyncio.to_thread(self.step, period, elapsed, now_s=now)
-        except Exception as exc:
-            # keep the previous plan; give the period back so demand is not under-counted
-            if full:
-                self.router.give_back(period)
-            self.last_error = f"{type(exc).__name__}: {exc}"
-            log.warning("control tick failed: %s", self.last_error)
-            return None
-        self.last_error = None
-        self.router.set_plan(plan, frozenset(self.alive))
-        return plan
+        # a failure keeps the previous plan and gives the period back, so demand is not under-counted
+        give_back = (lambda: self.router.give_back(period)) if full else None
+        return await self._step_and_publish("tick", period, elapsed, give_back, now_s=now)
 
     def trigger(self) -> None:
         """Re-plan now (e.g. a test or an operator)."""
@@ -406,17 +411,28 @@ class ControlLoop:
             timeout = max(0.0, min(self.heartbeat_s, self._next_tick - time.monotonic(), next_check - time.monotonic()))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)
-            if time.monotonic() >= self._next_tick:
-                self._wake.clear()
-                await self.tick(due=self._next_tick)
-                self._next_tick = self.next_period(self._next_tick, time.monotonic())
-                next_check = self.next_check(time.monotonic())
-            elif time.monotonic() >= next_check:
-                await self.check()
-                next_check = self.next_check(time.monotonic())
-            elif self._wake.is_set() or await self._membership_changed():
-                self._wake.clear()
-                await self.tick(full=False)
+            next_check = await self.due_work(next_check, self._membership_changed, pass_due=True)
+
+    async def due_work(
+        self, next_check: float, membership_changed: Callable[[], Awaitable[bool]], *, pass_due: bool
+    ) -> float:
+        """One turn of a control loop's schedule (this loop's and the cluster leader's): the full
+        tick when the period is due (then the next period and its first look inside it), else a
+        look inside the period when one is due, else an early re-plan when woken or when
+        ``membership_changed()`` says the workers changed. ``pass_due``: the tick ends its period at
+        the time it was due (:meth:`tick`). Returns when the next look inside the period is due."""
+        if time.monotonic() >= self._next_tick:
+            self._wake.clear()
+            await self.tick(due=self._next_tick if pass_due else None)
+            self._next_tick = self.next_period(self._next_tick, time.monotonic())
+            return self.next_check(time.monotonic())
+        if time.monotonic() >= next_check:
+            await self.check()
+            return self.next_check(time.monotonic())
+        if self._wake.is_set() or await membership_changed():
+            self._wake.clear()
+            await self.tick(full=False)
+        return next_check
 
     def start(self) -> asyncio.Task:
         self._task = asyncio.create_task(self.run(), name="argusdiff-control")

@@ -113,6 +113,11 @@ _REFUSALS = {
 }
 
 
+
+async def _unchanged() -> bool:
+    """No look at the workers' membership this turn (it is looked at once per heartbeat)."""
+    return False
+
 class StaleLeader(ArgusdiffError):
     """A plan write was refused: this router no longer holds the leader lease."""
 
@@ -427,7 +432,7 @@ class ClusterControlLoop(ControlLoop):
         if self.bus is None:
             return await super().run()
         await asyncio.to_thread(self.adopt_published)
-        next_tick = 0.0
+        self._next_tick = 0.0
         next_check = float("inf")
         next_beat = 0.0
         next_alive = 0.0
@@ -438,26 +443,15 @@ class ClusterControlLoop(ControlLoop):
                 if leader and not self.leading:
                     await asyncio.to_thread(self._take_over)
                     self.role = "leader"
-                    next_tick = now  # plan at once
+                    self._next_tick = now  # plan at once
                 elif not leader and self.leading:
                     log.warning("router %s lost the leader lease: following", self.router_id)
                     self.role = "follower"
                     self.metrics_leader()
                 if self.leading:
-                    if time.monotonic() >= next_tick:
-                        self._wake.clear()
-                        await self.tick()
-                        next_tick = self.next_period(next_tick, time.monotonic())
-                        self._next_tick = next_tick
-                        next_check = self.next_check(time.monotonic())
-                    elif time.monotonic() >= next_check:
-                        await self.check()
-                        next_check = self.next_check(time.monotonic())
-                    elif self._wake.is_set() or (
-                        now - self._membership_checked >= self.heartbeat_s and await self._membership_changed()
-                    ):
-                        self._wake.clear()
-                        await self.tick(full=False)
+                    due = now - self._membership_checked >= self.heartbeat_s
+                    membership = self._membership_changed if due else _unchanged
+                    next_check = await self.due_work(next_check, membership, pass_due=False)
                     if now - self._membership_checked >= self.heartbeat_s:
                         self._membership_checked = now
                 else:
@@ -481,7 +475,7 @@ class ClusterControlLoop(ControlLoop):
                 self.last_error = msg
             wait = self.poll_s
             if self.leading:
-                wait = max(0.0, min(wait, next_tick - time.monotonic(), next_check - time.monotonic()))
+                wait = max(0.0, min(wait, self._next_tick - time.monotonic(), next_check - time.monotonic()))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), wait)
 
