@@ -417,13 +417,15 @@ def test_a_claimed_handoff_whose_requeue_fails_is_carried_out_when_redis_answers
         ("sommelier", "sm-a100"),
         ("nirvana", "sdxl-ac-a100"),
         ("diffserve", "cascade-sdturbo-sdv15"),
+        ("clipper-ht", "sm-a100"),
     ],
 )
 def test_route_reads_nothing_plan_changes(policy_name, profile_name):
     """The service runs ``plan()`` in a thread while the event loop routes, without a lock: the
-    data path must read only the published plan (immutable), per-plan tables it builds itself and
-    the view — never state ``plan()`` changes. Sommelier's send log is a deque (thread-safe at both
-    ends): route appends, plan drains."""
+    data path must read only the published plan (immutable), the routing object it carries and
+    the view — never state ``plan()`` changes. Of the policy it reads its entry points, its
+    generator and the level table it was built with; Sommelier's send log is a deque (thread-safe
+    at both ends): route appends, plan drains."""
     import pickle
 
     from argusdiff.domain import ClusterStats, Request
@@ -471,6 +473,8 @@ def test_route_reads_nothing_plan_changes(policy_name, profile_name):
         pol.__class__ = cls
     allowed = {"sent"} if policy_name == "sommelier" else set()
     assert not (reads & changed) - allowed, f"route() reads state plan() changes: {sorted((reads & changed) - allowed)}"
+    entry = {"decide", "decide_heavy", "route", "route_heavy", "routing_of", "at_least", "within_models"}
+    assert reads - entry - allowed <= {"rng", "_all_levels", "slo_s"}, sorted(reads)  # slo_s: the view above
 
 
 def test_live_view_spreads_a_levels_load_over_its_pulling_workers():

@@ -1,7 +1,7 @@
-"""Routing going down as a value (issue 25, point 2): ARGUS, PAC, Proteus and argus+ route each
-request with the immutable routing object its plan carries (``Plan.routing``), built from the
-plan, the profile and the options (never a reference to the policy) when the plan is made, with
-the policy's generator passed in; argus+'s modes are named classes."""
+"""Routing going down as a value (issue 25, point 2): every policy routes each request with the
+immutable routing object its plan carries (``Plan.routing``), built from the plan, the profile and
+the options (never a reference to the policy) when the plan is made, with the policy's generator
+passed in; argus+'s modes are named classes."""
 
 from __future__ import annotations
 
@@ -34,11 +34,19 @@ def _profile(name: str):
         ("argus+", "mixed", "MixedLadderRouting"),
         ("argus+", "unified-a100", "UnifiedRouting"),
         ("proteus", "sm-a100", "ProteusRouting"),
+        ("sommelier", "sm-a100", "SommelierRouting"),
+        ("nirvana", "sdxl-ac-a100", "NirvanaRouting"),
+        ("clipper-ha", "sm-a100", "StaticRouting"),
+        ("clipper-ht", "sm-a100", "StaticRouting"),
+        ("diffserve", "cascade-sdturbo-sdv15", "DiffServeRouting"),
+        ("diffserve-static", "cascade-sdturbo-sdv15", "DiffServeRouting"),
     ],
 )
 def test_each_plan_routes_with_one_immutable_value(policy_name, profile_name, kind):
     profile = _profile(profile_name)
     config = {"backend": "highs", "slo_s": 12.6} if profile_name == "mixed" else {"backend": "highs"}
+    if policy_name == "diffserve-static":
+        config["peak_qpm"] = 120.0
     pol = make_policy(policy_name, profile, rng=np.random.default_rng(0), config=config)
     plan = pol.plan(ClusterStats(now_s=60.0, period_s=60.0, arrivals=120, workers=WORKERS))
     r = plan.routing  # the plan carries it: built by the policy when it made the plan
@@ -57,9 +65,12 @@ def test_each_plan_routes_with_one_immutable_value(policy_name, profile_name, ki
         view.now_s = 60.0 + 7.0 * k
         req = Request(id=str(k), prompt="p", arrival_s=view.now_s - 3.0 * (k % 4))
         assert pol.route(req, plan, view) == r.route(req, view, rng)
-    # a new plan carries a new routing object
+        view.deferred_from = plan.levels[-1] if pol.cascade else None
+        assert pol.route_heavy(req, plan, view) == r.route_heavy(req, view)
+        view.deferred_from = None
+    # a new plan carries a new routing object (a plan kept, diffserve-static's, keeps its own)
     plan2 = pol.plan(ClusterStats(now_s=120.0, period_s=60.0, arrivals=300, workers=WORKERS))
-    assert plan2.routing is not None and plan2.routing is not r
+    assert plan2.routing is not None and (plan2.routing is r) == (plan2 is plan)
     # not data of the plan: equality leaves it out, a changed copy has none until routed, a
     # renumbered one keeps it
     bare = dataclasses.replace(plan)

@@ -383,10 +383,6 @@ class Argus(Policy, name="argus", family="ac"):
         """The profile whose levels ``plan`` runs: the primary's, else the fallback's."""
         return self.primary if plan.levels == self.primary.ids else (self.fallback or self.primary)
 
-    def route(self, request: Request, plan: Plan, view: RouteView) -> Assignment:
-        """The plan's routing object routes it (one draw from the policy's generator)."""
-        return self.routing_of(plan).route(request, view, self.rng)
-
 
 class ArgusRouting(PlanRouting):
     """ARGUS's (and PAC's) data path for one plan (§4.4), immutable: the prompt's predicted optimal

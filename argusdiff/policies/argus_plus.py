@@ -214,10 +214,6 @@ class ArgusPlus(Argus, name="argus+", family="ac"):
             version=self.next_version(),
         )
 
-    def route_heavy(self, request: Request, plan: Plan, view: RouteView) -> Assignment:
-        """A cascade deferral (unified plans): the pair's heavy level on a worker holding its model."""
-        return self.routing_of(plan).route_heavy(request, view)
-
     def demand_qpm(self, stats: ClusterStats) -> float:
         """ARGUS's estimate at a period's end; a check's re-plan plans for the check's reading, and
         a re-plan between periods (a model loaded, a worker joined) for the latest of the two."""

@@ -5,10 +5,12 @@ A policy has two entry points (ARGUS Fig. 3):
 * ``plan(stats) -> Plan`` on the control path, once per control period: which level each worker
   runs and how prompts are redistributed over the levels (the PASM);
 * ``route(request, plan, view) -> Assignment`` on the data path, once per request: the level
-  that serves it (or a drop). Which worker runs it is the delivery's (:attr:`Policy.delivery`):
-  by default (``Delivery.SHARED``) the level's queue is pulled by its workers and the request
-  starts on whichever frees up first; only a ``Delivery.PER_WORKER`` policy's
-  ``Assignment.worker`` puts it on one worker's queue (elsewhere that field is a hint, unused).
+  that serves it (or a drop), decided by the routing object the plan carries (``Plan.routing``,
+  a :class:`Routing` the policy built with the plan: :meth:`Policy.make_routing`). Which worker
+  runs it is the delivery's (:attr:`Policy.delivery`): by default (``Delivery.SHARED``) the
+  level's queue is pulled by its workers and the request starts on whichever frees up first;
+  only a ``Delivery.PER_WORKER`` policy's ``Assignment.worker`` puts it on one worker's queue
+  (elsewhere that field is a hint, unused).
 
 Policies are pure: no I/O, no wall clock, randomness only from the injected
 ``numpy.random.Generator``. What the data path may observe is a :class:`RouteView`, which the
@@ -56,6 +58,7 @@ __all__ = [
     "Policy",
     "PolicyError",
     "RouteView",
+    "Routing",
     "frozen_init",
     "identity_pasm",
     "nearest_served",
@@ -345,26 +348,23 @@ class Policy(abc.ABC):
 
     @abc.abstractmethod
     def plan(self, stats: ClusterStats) -> Plan:
-        """The plan for the next control period."""
+        """The plan for the next control period, carrying its routing object (:meth:`routed`)."""
 
     # ---- the plan's routing object ---------------------------------------------------------
 
-    def make_routing(self, plan: Plan) -> PlanRoute | None:
-        """The immutable routing object of ``plan`` (:class:`~argusdiff.domain.PlanRoute`): built
-        from the plan, the profile and the options, never a reference to the policy. Default:
-        None (a policy that routes in :meth:`route` itself)."""
-        return None
+    @abc.abstractmethod
+    def make_routing(self, plan: Plan) -> PlanRoute:
+        """The immutable routing object of ``plan`` (:class:`~argusdiff.domain.PlanRoute`, a
+        :class:`Routing`): built from the plan, the profile and the options when the plan is made,
+        never a reference to the policy, so the data path reads no state ``plan()`` changes."""
 
     def routed(self, plan: Plan) -> Plan:
         """``plan`` carrying its routing object: ``plan`` itself when it carries one already, else
         a copy with :meth:`make_routing`'s. ``plan()`` returns its plans so; the live router
         attaches it to a plan it reads from the control store (a follower's)."""
-        if plan.routing is not None:
-            return plan
-        routing = self.make_routing(plan)
-        return plan if routing is None else plan.with_routing(routing)
+        return plan if plan.routing is not None else plan.with_routing(self.make_routing(plan))
 
-    def routing_of(self, plan: Plan) -> Any:
+    def routing_of(self, plan: Plan) -> PlanRoute:
         """The routing object ``plan`` carries; a plan without one (built by hand, or changed with
         ``dataclasses.replace``) is routed with one built for the call."""
         routing = plan.routing
@@ -372,22 +372,18 @@ class Policy(abc.ABC):
 
     # ---- data path -----------------------------------------------------------------------
 
-    @abc.abstractmethod
     def route(self, request: Request, plan: Plan, view: RouteView) -> Assignment:
         """The level that serves ``request`` under ``plan`` (or a drop); a ``Delivery.PER_WORKER``
-        policy also picks the worker whose queue it waits in (:attr:`delivery`)."""
+        policy also picks the worker whose queue it waits in (:attr:`delivery`). The plan's
+        routing object decides, with the policy's generator passed in."""
+        return self.routing_of(plan).route(request, view, self.rng)
 
     def route_heavy(self, request: Request, plan: Plan, view: RouteView) -> Assignment:
         """A cascade deferral (the light image was rejected): the heavy level that redoes it (and,
         under ``Delivery.PER_WORKER``, its worker), a drop, or
-        :attr:`~argusdiff.domain.Outcome.KEPT`: the light image is the answer. Default (a
-        policy that does not cascade): the light image."""
-        return Assignment(
-            level=None,
-            reason="the policy does not cascade: light image returned",
-            outcome=Outcome.KEPT,
-            cause=RouteReason.NO_HEAVY,
-        )
+        :attr:`~argusdiff.domain.Outcome.KEPT`: the light image is the answer (a routing that
+        does not cascade: :meth:`Routing.route_heavy`). The plan's routing object decides."""
+        return self.routing_of(plan).route_heavy(request, view)
 
     # ---- the data path's entry points (the simulator and the live router call these) -------
 
@@ -593,15 +589,38 @@ def nearest_served(has_worker: Sequence[Any], j: int) -> int:
     return j
 
 
-class PlanRouting:
-    """The data path's snapshot of one plan: workers per level and cumulative PASM rows, built once
-    per plan (the plan carries it: ``Plan.routing``) and never changed (immutable: setting an
-    attribute raises). ``route()`` reads only this and the RouteView; ``plan()`` never touches it,
-    so the control path may plan in another thread. ``workers`` overrides the plan's workers per
-    level (argus+'s pooled AC plan: every worker at every level). A policy's own routing (e.g.
-    :class:`~argusdiff.policies.argus.ArgusRouting`) extends it with what its ``route`` needs,
-    taken from the plan, the profile and the options when it is built, never from the mutable
-    policy."""
+class Routing:
+    """The base of every policy's routing object (:class:`~argusdiff.domain.PlanRoute`): the data
+    path's snapshot of one plan, built once per plan (the plan carries it: ``Plan.routing``) from
+    the plan, the profile and the options, and never changed (immutable: setting an attribute
+    raises; :func:`frozen_init` sets them). ``route()`` reads only this and the RouteView;
+    ``plan()`` never touches it, so the control path may plan in another thread."""
+
+    __slots__ = ()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"{type(self).__name__} is immutable (built once per plan)")
+
+    def route(self, request: Request, view: RouteView, rng: np.random.Generator) -> Assignment:
+        """One request's assignment (draws from ``rng``, the policy's generator, as the policy does)."""
+        raise NotImplementedError
+
+    def route_heavy(self, request: Request, view: RouteView) -> Assignment:
+        """A cascade deferral under a routing that does not cascade: the light image is the answer."""
+        return Assignment(
+            level=None,
+            reason="the policy does not cascade: light image returned",
+            outcome=Outcome.KEPT,
+            cause=RouteReason.NO_HEAVY,
+        )
+
+
+class PlanRouting(Routing):
+    """A routing over the plan's levels: workers per level and cumulative PASM rows. ``workers``
+    overrides the plan's workers per level (argus+'s pooled AC plan: every worker at every level).
+    A policy's own routing (e.g. :class:`~argusdiff.policies.argus.ArgusRouting`) extends it with
+    what its ``route`` needs, taken from the plan, the profile and the options when it is built,
+    never from the mutable policy."""
 
     __slots__ = ("_cum", "cum", "index", "levels", "workers")
 
@@ -625,18 +644,6 @@ class PlanRouting:
             workers=workers,
             cum=cum,
             _cum=tuple(tuple(c.tolist()) for c in cum),
-        )
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError(f"{type(self).__name__} is immutable (built once per plan)")
-
-    def route_heavy(self, request: Request, view: RouteView) -> Assignment:
-        """A cascade deferral under a routing that does not cascade: the light image is the answer."""
-        return Assignment(
-            level=None,
-            reason="the policy does not cascade: light image returned",
-            outcome=Outcome.KEPT,
-            cause=RouteReason.NO_HEAVY,
         )
 
     def sample(self, row: int, u: float) -> int:

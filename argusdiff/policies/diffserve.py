@@ -25,7 +25,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from argusdiff.domain import (
+    ApproxLevel,
     Assignment,
     ClusterStats,
     Outcome,
@@ -36,10 +39,26 @@ from argusdiff.domain import (
     RouteReason,
     Strategy,
 )
-from argusdiff.policies.base import CommonOptions, Policy, PolicyError, RouteView, require, select_worker
+from argusdiff.policies.base import (
+    CommonOptions,
+    Policy,
+    PolicyError,
+    RouteView,
+    Routing,
+    frozen_init,
+    require,
+    select_worker,
+)
 from solver.cascade import solve_cascade
 
-__all__ = ["ALLOCATION_PERIOD_S", "DiffServe", "DiffServeOptions", "DiffServeStatic", "DiffServeStaticOptions"]
+__all__ = [
+    "ALLOCATION_PERIOD_S",
+    "DiffServe",
+    "DiffServeOptions",
+    "DiffServeRouting",
+    "DiffServeStatic",
+    "DiffServeStaticOptions",
+]
 
 #: DiffServe artifact, src/controller/controller.py: ``allocateResources()`` runs when
 #: ``clockCounter % 5 == 0`` in a 1 s event loop
@@ -116,8 +135,6 @@ class DiffServe(Policy, name="diffserve", family="cascade"):
         self._last_alloc = -math.inf
         self._last_feasible: tuple[int, Any] | None = None
         self._memo: dict[tuple, Any] = {}
-        self._workers: dict[str, list[str]] = {}
-        self._version_seen = -1
 
     def demand_qpm(self, stats: ClusterStats) -> float:
         """The demand estimate (QPM, before the margin), refreshed with each period's arrivals."""
@@ -235,7 +252,7 @@ class DiffServe(Policy, name="diffserve", family="cascade"):
             or stats.now_s - self._last_alloc >= self.allocation_period_s - 1e-9
         )
         if due:
-            self._plan = self.make_plan(stats, demand)
+            self._plan = self.routed(self.make_plan(stats, demand))
             self._workers_up = stats.workers
             self._last_alloc = stats.now_s
         return self._plan
@@ -249,52 +266,8 @@ class DiffServe(Policy, name="diffserve", family="cascade"):
 
     # ---- data path -----------------------------------------------------------------------
 
-    def _workers_of(self, plan: Plan) -> dict[str, list[str]]:
-        if self._version_seen != plan.version:
-            self._workers = {self.light.id: [], self.heavy.id: []}
-            for w, lv in plan.assignment.items():
-                if lv in self._workers:
-                    self._workers[lv].append(w)
-            self._version_seen = plan.version
-        return self._workers
-
-    def _send(self, request: Request, plan: Plan, view: RouteView, level) -> Assignment:
-        workers = self._workers_of(plan)[level.id]
-        if not workers:
-            return Assignment(
-                level=level.id, worker=None, reason=f"no {level.id} worker: waits", cause=RouteReason.NO_WORKER
-            )
-        b = plan.batch_sizes.get(level.id, 1)
-        w = select_worker(workers, view, level.latency(b) / b)
-        wait = max(0.0, view.busy_until.get(w, view.now_s) - view.now_s)
-        # an idle worker starts this query alone; a busy one takes it in a batch of up to b
-        runtime = level.latency(b) if wait > 0 else level.latency(1)
-        slo = request.slo_s if request.slo_s is not None else self.slo_s
-        if (view.now_s - request.arrival_s) + wait + runtime > self.options.drop_factor * slo:
-            return Assignment(
-                level=None,
-                worker=w,
-                refusal=Refusal.POLICY,
-                reason="predicted to miss 1.5 x SLO",
-                outcome=Outcome.DROPPED,
-                cause=RouteReason.PREDICTED_LATE,
-            )
-        return Assignment(level=level.id, worker=w)
-
-    def route(self, request: Request, plan: Plan, view: RouteView) -> Assignment:
-        return self._send(request, plan, view, self.light)
-
-    def route_heavy(self, request: Request, plan: Plan, view: RouteView) -> Assignment:
-        """A deferred query; with no heavy worker in the current plan the light image is returned
-        (``level=None`` without ``dropped``)."""
-        if not self._workers_of(plan)[self.heavy.id]:
-            return Assignment(
-                level=None,
-                reason="no heavy worker: light image returned",
-                outcome=Outcome.KEPT,
-                cause=RouteReason.NO_HEAVY,
-            )
-        return self._send(request, plan, view, self.heavy)
+    def make_routing(self, plan: Plan) -> DiffServeRouting:
+        return DiffServeRouting(plan, self.light, self.heavy, drop_factor=self.options.drop_factor, slo_s=self.slo_s)
 
 
 class DiffServeStatic(DiffServe, name="diffserve-static", family="cascade"):
@@ -312,7 +285,7 @@ class DiffServeStatic(DiffServe, name="diffserve-static", family="cascade"):
             idle = ClusterStats(
                 now_s=stats.now_s, period_s=stats.period_s, arrivals=0, workers=stats.workers, current=stats.current
             )
-            self._plan = self.make_plan(idle, float(peak))
+            self._plan = self.routed(self.make_plan(idle, float(peak)))
             self._workers_up = stats.workers
         return self._plan
 
@@ -320,3 +293,77 @@ class DiffServeStatic(DiffServe, name="diffserve-static", family="cascade"):
         out = super().describe()
         out["predictor"] = f"none: provisioned for an anticipated peak of {self.options.peak_qpm} QPM given in advance"
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Stage:
+    """One model of the cascade under one plan: its workers, the planned batch size's processing
+    times the routing reads (per image in a full batch, a full batch) and one image's alone."""
+
+    id: str
+    workers: tuple[str, ...]
+    per_image_s: float
+    batch_s: float
+    alone_s: float
+
+    @classmethod
+    def of(cls, plan: Plan, level: ApproxLevel) -> _Stage:
+        b = plan.batch_sizes.get(level.id, 1)
+        return cls(
+            id=level.id,
+            workers=tuple(w for w, lv in plan.assignment.items() if lv == level.id),
+            per_image_s=level.latency(b) / b,
+            batch_s=level.latency(b),
+            alone_s=level.latency(1),
+        )
+
+
+class DiffServeRouting(Routing):
+    """DiffServe's data path for one plan (immutable): every query to the light model's worker with
+    the shortest queue, a deferral to the heavy model's (none planned: the light image is kept),
+    and a query dropped when its wait so far plus the predicted queue wait and runtime would exceed
+    ``drop_factor`` × its SLO (``slo_s``: the SLO of a request without one)."""
+
+    __slots__ = ("drop_factor", "heavy", "light", "slo_s")
+
+    def __init__(self, plan: Plan, light: ApproxLevel, heavy: ApproxLevel, *, drop_factor: float, slo_s: float) -> None:
+        frozen_init(
+            self, light=_Stage.of(plan, light), heavy=_Stage.of(plan, heavy), drop_factor=drop_factor, slo_s=slo_s
+        )
+
+    def send(self, request: Request, view: RouteView, stage: _Stage) -> Assignment:
+        workers = stage.workers
+        if not workers:
+            return Assignment(
+                level=stage.id, worker=None, reason=f"no {stage.id} worker: waits", cause=RouteReason.NO_WORKER
+            )
+        w = select_worker(workers, view, stage.per_image_s)
+        wait = max(0.0, view.busy_until.get(w, view.now_s) - view.now_s)
+        # an idle worker starts this query alone; a busy one takes it in a batch of up to b
+        runtime = stage.batch_s if wait > 0 else stage.alone_s
+        slo = request.slo_s if request.slo_s is not None else self.slo_s
+        if (view.now_s - request.arrival_s) + wait + runtime > self.drop_factor * slo:
+            return Assignment(
+                level=None,
+                worker=w,
+                refusal=Refusal.POLICY,
+                reason="predicted to miss 1.5 x SLO",
+                outcome=Outcome.DROPPED,
+                cause=RouteReason.PREDICTED_LATE,
+            )
+        return Assignment(level=stage.id, worker=w)
+
+    def route(self, request: Request, view: RouteView, rng: np.random.Generator) -> Assignment:
+        return self.send(request, view, self.light)
+
+    def route_heavy(self, request: Request, view: RouteView) -> Assignment:
+        """A deferred query; with no heavy worker in the plan the light image is returned
+        (``level=None`` without ``dropped``)."""
+        if not self.heavy.workers:
+            return Assignment(
+                level=None,
+                reason="no heavy worker: light image returned",
+                outcome=Outcome.KEPT,
+                cause=RouteReason.NO_HEAVY,
+            )
+        return self.send(request, view, self.heavy)

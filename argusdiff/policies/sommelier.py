@@ -13,11 +13,13 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from argusdiff.domain import Assignment, ClusterStats, Delivery, Plan, PlanTrigger, Request, RouteReason, Strategy
-from argusdiff.policies.base import Policy, RouteView, uniform_pasm
+from argusdiff.policies.base import Policy, RouteView, Routing, frozen_init, uniform_pasm
 from argusdiff.policies.state import import_mapping
 
-__all__ = ["Sommelier"]
+__all__ = ["Sommelier", "SommelierRouting"]
 
 
 class Sommelier(Policy, name="sommelier", family="sm"):
@@ -82,7 +84,7 @@ class Sommelier(Policy, name="sommelier", family="sm"):
         counts = [sum(1 for v in assignment.values() if v == lv) for lv in ids]
         total = sum(counts) or 1
         share = tuple(c / total for c in counts)
-        return Plan(
+        plan = Plan(
             version=self.next_version(),
             created_s=stats.now_s,
             strategy=Strategy.SM if Strategy.SM in self.profile.strategies else Strategy.AC,
@@ -94,13 +96,33 @@ class Sommelier(Policy, name="sommelier", family="sm"):
             expected_quality=sum(s * q for s, q in zip(share, self.profile.qualities(), strict=True)),
             policy=self.name,
         )
+        return self.routed(plan)
+
+    def make_routing(self, plan: Plan) -> SommelierRouting:
+        return SommelierRouting(plan, self.profile.best.id)
 
     def route(self, request: Request, plan: Plan, view: RouteView) -> Assignment:
-        workers = [w for w in plan.assignment if plan.assignment[w] is not None]
+        """The plan's routing picks the worker; the send goes into the log ``plan()`` drains."""
+        a = super().route(request, plan, view)
+        if a.worker is not None:
+            self.sent.append((a.worker, view.now_s))
+        return a
+
+
+class SommelierRouting(Routing):
+    """Sommelier's front end for one plan (immutable): a uniformly random worker among those the
+    plan gives a level (one draw from ``rng``), served at the level that worker chose; none:
+    the request waits at the profile's best level."""
+
+    __slots__ = ("best", "level_of", "workers")
+
+    def __init__(self, plan: Plan, best: str) -> None:
+        workers = tuple(w for w, lv in plan.assignment.items() if lv is not None)
+        frozen_init(self, workers=workers, level_of={w: plan.assignment[w] for w in workers}, best=best)
+
+    def route(self, request: Request, view: RouteView, rng: np.random.Generator) -> Assignment:
+        workers = self.workers
         if not workers:
-            return Assignment(
-                level=self.profile.best.id, worker=None, reason="no worker in the plan", cause=RouteReason.NO_WORKER
-            )
-        w = workers[int(self.rng.integers(len(workers)))]
-        self.sent.append((w, view.now_s))
-        return Assignment(level=plan.assignment[w], worker=w)
+            return Assignment(level=self.best, worker=None, reason="no worker in the plan", cause=RouteReason.NO_WORKER)
+        w = workers[int(rng.integers(len(workers)))]
+        return Assignment(level=self.level_of[w], worker=w)

@@ -7,10 +7,12 @@ with the shortest queue.
 
 from __future__ import annotations
 
-from argusdiff.domain import Assignment, ClusterStats, Plan, Request, Strategy
-from argusdiff.policies.base import Policy, RouteView, select_worker
+import numpy as np
 
-__all__ = ["ClipperHA", "ClipperHT"]
+from argusdiff.domain import Assignment, ClusterStats, Plan, Request, Strategy
+from argusdiff.policies.base import Policy, RouteView, Routing, frozen_init, select_worker
+
+__all__ = ["ClipperHA", "ClipperHT", "StaticRouting"]
 
 
 class _Static(Policy):
@@ -22,13 +24,11 @@ class _Static(Policy):
         return levels[-1].id if self._fastest else levels[0].id
 
     def plan(self, stats: ClusterStats) -> Plan:
-        return self.static_plan(stats, self._level(), note=f"{self.name}: static")
+        return self.routed(self.static_plan(stats, self._level(), note=f"{self.name}: static"))
 
-    def route(self, request: Request, plan: Plan, view: RouteView) -> Assignment:
+    def make_routing(self, plan: Plan) -> StaticRouting:
         level = self._level()
-        workers = list(plan.assignment)
-        worker = select_worker(workers, view, self.profile.level(level).latency(1))
-        return Assignment(level=level, worker=worker)
+        return StaticRouting(plan, level, self.profile.level(level).latency(1))
 
 
 class ClipperHA(_Static, name="clipper-ha", family="sm"):
@@ -41,3 +41,16 @@ class ClipperHT(_Static, name="clipper-ht", family="sm"):
     summary = "static: every worker at the fastest level"
     cascade_baseline = True
     _fastest = True
+
+
+class StaticRouting(Routing):
+    """A static allocation's data path for one plan (immutable): its one level, on the plan's
+    worker with the shortest queue (× ``latency_s``, the level's processing time)."""
+
+    __slots__ = ("latency_s", "level", "workers")
+
+    def __init__(self, plan: Plan, level: str, latency_s: float) -> None:
+        frozen_init(self, workers=tuple(plan.assignment), level=level, latency_s=latency_s)
+
+    def route(self, request: Request, view: RouteView, rng: np.random.Generator) -> Assignment:
+        return Assignment(level=self.level, worker=select_worker(self.workers, view, self.latency_s))

@@ -45,7 +45,7 @@ from argusdiff.domain import (
     Timeliness,
 )
 from argusdiff.latency import scaled_profile
-from argusdiff.policies.base import RouteView, frozen_init, select_worker
+from argusdiff.policies.base import RouteView, Routing, frozen_init, select_worker
 from cache.policy import k_for_similarity
 from solver.paths import TierSpec, class_quality_model, nitsum_tiers, problem_from_profile, ranked_deferral
 from solver.unified import plan_unified, restrict
@@ -268,7 +268,7 @@ def reserve_workers(problem, up) -> dict[str, str]:
     return out
 
 
-class UnifiedRouting:
+class UnifiedRouting(Routing):
     """The unified data path for one plan (see the module doc), immutable: cumulative PASM rows per
     tier, the workers that hold each level's model (per tier: not those reserved for another),
     each level's latency and the class-quality order of the levels, and the options the routing
@@ -339,9 +339,6 @@ class UnifiedRouting:
             admission=admission,
             slo_s=slo_s,
         )
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError(f"{type(self).__name__} is immutable (built once per plan)")
 
     def pools(self, tier: str | None) -> tuple[tuple[str, ...], ...]:
         """Workers per level that a request of ``tier`` may use (None: tier-unaware, every worker)."""
