@@ -203,9 +203,12 @@ class ArgusPlus(Argus, name="argus+", family="ac"):
         if not stats.workers:
             return self.no_worker_plan(stats, profile.ids, Strategy.SM, demand)
         return unified_plan(
-            self,
+            self.options,
             profile,
             stats,
+            policy=self.name,
+            margin=self.predictor_spec.margin,
+            slo_s=self.slo_s,
             demand=demand,
             affinity=affinity,
             tiers=self._tiers,

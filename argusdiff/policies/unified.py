@@ -23,10 +23,11 @@ worker is planned or the heavy run would miss the deadline.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from bisect import bisect_right
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -50,7 +51,7 @@ from cache.policy import k_for_similarity
 from solver.paths import TierSpec, class_quality_model, nitsum_tiers, problem_from_profile, ranked_deferral
 from solver.unified import plan_unified, restrict
 
-__all__ = ["STRATEGY_NAMES", "UnifiedRouting", "tier_mix", "unified_plan"]
+__all__ = ["STRATEGY_NAMES", "UnifiedOptions", "UnifiedRouting", "tier_mix", "unified_plan"]
 
 #: names of the path kinds the ``paths`` option selects (ablations: argus+ without one of them)
 STRATEGY_NAMES = {"ac": Strategy.AC, "sm": Strategy.SM, "cascade": Strategy.CASCADE}
@@ -80,8 +81,6 @@ def grid_points(n: int, points: int | None) -> tuple[int, ...]:
 
 
 def _on_grid(spec, idx: tuple[int, ...]):
-    import dataclasses
-
     if len(idx) == len(spec.thresholds):
         return spec
     return dataclasses.replace(
@@ -135,11 +134,46 @@ def tier_mix(previous: Mapping[str, float], arrivals: Mapping[str, int]) -> dict
     return {t: v / s for t, v in out.items() if v > 1e-6}
 
 
+class UnifiedOptions(Protocol):
+    """The options :func:`unified_plan` reads: argus+'s
+    (:class:`~argusdiff.policies.argus_plus.ArgusPlusOptions`, which documents them), the path
+    kinds, the tiers, the offline quality model, the threshold grid, whether the plan uses
+    measured latencies, and the solver's knobs."""
+
+    @property
+    def paths(self) -> tuple[str, ...] | None: ...
+    @property
+    def tiers(self) -> bool: ...
+    @property
+    def tier_weights(self) -> Mapping[str, float] | None: ...
+    @property
+    def first_tier_headroom(self) -> float: ...
+    @property
+    def class_quality(self) -> Any: ...
+    @property
+    def cascade_tables(self) -> Any: ...
+    @property
+    def threshold_points(self) -> int | None: ...
+    @property
+    def measured(self) -> bool: ...
+    @property
+    def backend(self) -> str: ...
+    @property
+    def switch_aware(self) -> bool: ...
+    @property
+    def switch_tolerance(self) -> float: ...
+    @property
+    def time_limit_s(self) -> float: ...
+
+
 def unified_plan(
-    policy: Any,
+    options: UnifiedOptions,
     profile: Profile,
     stats: ClusterStats,
     *,
+    policy: str,
+    margin: float,
+    slo_s: float,
     demand: float,
     affinity: tuple[float, ...],
     tiers: Mapping[str, float],
@@ -147,16 +181,20 @@ def unified_plan(
     hit_rate: float,
     version: int,
 ) -> Plan:
-    """The plan of ``policy`` (an argus+ on a profile with several kinds of path) for ``stats``."""
+    """The unified plan of ``profile`` (a profile with several kinds of path) for ``stats``, made
+    with ``options`` for the policy named ``policy``: ``margin`` is the predictor's burst headroom
+    on every tier, ``slo_s`` the SLO of untiered requests, ``demand`` the demand to plan for (QPM,
+    before the margin), ``affinity`` the shares of H, ``tiers`` the tier mix, ``tier_deadline`` the
+    tiers' deadline multipliers, ``hit_rate`` the cache hit rate an AC path plans with."""
 
-    o = policy.options
-    margin = float(policy.predictor_spec.margin)
+    o = options
+    margin = float(margin)
     specs, tables = _cascade_grid(profile, o.cascade_tables, o.threshold_points)
     ids = set(profile.ids)
     current = {w: (lv if lv in ids else None) for w, lv in stats.current.items() if w in set(stats.workers)}
     models = {lv.model for lv in profile.levels}
     resident = {w: tuple(m for m in ms if m in models) for w, ms in stats.resident.items()}
-    slo = float(policy.slo_s)
+    slo = float(slo_s)
     if o.tiers and tiers:
         tier_specs = nitsum_tiers(
             slo,
@@ -191,13 +229,11 @@ def unified_plan(
         switch_tolerance=max(o.switch_tolerance, 0.02) if o.switch_aware else o.switch_tolerance,
         time_limit_s=o.time_limit_s,
     )
-    plan = up.to_plan(version=version, created_s=stats.now_s, policy=policy.name)
+    plan = up.to_plan(version=version, created_s=stats.now_s, policy=policy)
     reserved = reserve_workers(problem, up) if len(up.tiers) > 1 else {}
     routed = {p for p in problem.paths if p.is_cascade}
     cascades = {p.id: p.heavy.level for p in routed if p.heavy is not None}
     tier_pasm = {t: up.pasm(t) for t in up.tiers} if len(up.tiers) > 1 else {}
-    import dataclasses
-
     # a model's workers serve every level of it: publish them at the model's cache-miss level (AC:
     # K = 0; other models: their one level), so the AC levels of one model are siblings without
     # workers of their own and every worker of the model pulls their queues (Plan.unserved_siblings)
