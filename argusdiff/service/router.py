@@ -433,14 +433,7 @@ class Router:
 
     async def _submit(self, spec: GenerationSpec, added: Counter[str]) -> Submission:
         t0 = time.perf_counter()
-        if self.closing:
-            raise self._busy("the service is shutting down; retry against another instance", "shutting_down")
-        plan = self.plan
-        if plan is None or not any(lv is not None for lv in plan.assignment.values()):
-            raise self._busy("the service is starting: no plan with a worker yet; retry shortly", "not_ready")
-        if self.dispatch.mode == "redis" and not self.dispatch.healthy:
-            self.metrics.queue_errors.inc()
-            raise self._busy(_QUEUE_DOWN, "queue_unavailable")
+        plan = self._ready_plan()
         now = self.clock()
         slo = self.slo_for(spec)
         gid = f"gen-{secrets.token_hex(12)}"  # 96 random bits
@@ -451,11 +444,20 @@ class Router:
         if spec.lora is not None:  # the adapter's models only; their latents are its own (no similarity view)
             models = frozenset(a.model for a in self.adapters if a.name == spec.lora)
             similarity = None
-        embedding_text = encode_embedding(embedding) if embedding is not None else None
+        # every image's item metadata; the request id and traceparent ride to the worker
+        correlation = tracing.item_meta()
+        base_meta = {"tier": spec.tier.value, "group": gid, "size": spec.size, **spec.item_meta(), **correlation}
+        if optimal is not None:
+            base_meta["optimal_level"] = optimal
+        if similarity is not None:
+            base_meta["cache_similarity"] = f"{similarity:.4f}"
+        if embedding is not None:
+            base_meta[EMBEDDING_META_KEY] = encode_embedding(embedding)  # the AC executor need not embed again
+        if spec.min_quality_level is not None:
+            base_meta["min_quality_level"] = spec.min_quality_level  # a cascade hand-off keeps the floor
         items: list[WorkItem] = []
         levels: list[str] = []
         why: list[str] = []
-        correlation = tracing.item_meta()  # the request id and traceparent ride to the worker
         for i in range(spec.n):
             rid = f"{gid}-{i}"
             seed = None if spec.seed is None else (spec.seed + i) % (2**32)
@@ -473,29 +475,7 @@ class Router:
                 assignment = self.policy.decide(request, plan, self.view(now, plan, optimal, slo, similarity))
             self.metrics.routed.labels(assignment.outcome.value, assignment.cause.value).inc()
             if not assignment.taken:
-                if assignment.refusal is Refusal.MODELS_UNSERVED:
-                    self.metrics.requests.labels("none", "rejected").inc(spec.n)
-                    raise ApiError(
-                        429,
-                        f"no worker currently serves a model with adapter {spec.lora!r}; retry later",
-                        type="server_busy",
-                        param="lora",
-                        code="insufficient_capacity",
-                        headers={"Retry-After": str(self.config.retry_after_s)},
-                    )
-                if assignment.refusal is Refusal.FLOOR_UNMET:
-                    self.metrics.requests.labels("none", "rejected").inc(spec.n)
-                    raise ApiError(
-                        429,
-                        f"no worker currently serves a level at least as good as {spec.min_quality_level!r}; "
-                        "retry later",
-                        type="server_busy",
-                        param="min_quality_level",
-                        code="insufficient_capacity",
-                        headers={"Retry-After": str(self.config.retry_after_s)},
-                    )
-                why = assignment.reason or "dropped by the policy"
-                raise self._refuse(spec, why, Refusal.POLICY, self.config.retry_after_s, now, optimal)
+                raise self._not_taken(assignment, spec, now, optimal)
             level = assignment.level
             with tracing.span("admission", **{"argusdiff.level": level}):
                 decision = self._admit(level, plan, now, slo, rank, assignment.verdict)
@@ -503,15 +483,7 @@ class Router:
                 why = f"{decision.reason} at {level}"
                 retry = self._retry_slot(level, plan, decision.retry_after_s, now, spec.n)
                 raise self._refuse(spec, why, decision.reason, retry, now, optimal)
-            meta = {"tier": spec.tier.value, "group": gid, "size": spec.size, **spec.item_meta(), **correlation}
-            if optimal is not None:
-                meta["optimal_level"] = optimal
-            if similarity is not None:
-                meta["cache_similarity"] = f"{similarity:.4f}"
-            if embedding_text is not None:
-                meta[EMBEDDING_META_KEY] = embedding_text  # the AC executor need not embed again
-            if spec.min_quality_level is not None:
-                meta["min_quality_level"] = spec.min_quality_level  # a cascade hand-off keeps the floor
+            meta = dict(base_meta)
             if self.per_worker and assignment.worker is not None:
                 meta[WORKER_META] = assignment.worker  # Delivery.PER_WORKER: it waits in that worker's queue
             items.append(
@@ -552,32 +524,82 @@ class Router:
             arrival_s=now,
             why=tuple(why),
         )
-        if spec.wait:
-            self.dispatch.expect(sub.request_ids)
-        try:
-            await self.dispatch.enqueue(items, (gid, sub.record(), self.config.result_ttl_s))
-        except QueueUnavailable as exc:
-            self.dispatch.forget(sub.request_ids)
-            self.metrics.queue_errors.inc()
-            raise self._busy(_QUEUE_DOWN, "queue_unavailable") from exc
+        await self._enqueue(sub, items)
         added.clear()  # accepted: the load stays until each image is done
-        for it in items:
-            worker = it.meta.get(WORKER_META) or None
-            self.inflight[it.request_id] = _InFlight(it.level, now, now + slo, rank, worker)
-            if worker is not None:
-                self.worker_load[worker] += 1
-        self._arrived(now, spec.n, spec.tier.value)
-        self.accepted += spec.n
-        for lv in levels:
-            self.period.routed(lv)
-            self.metrics.queue_depth.labels(lv).set(self.level_load[lv])
-        if optimal is not None:
-            self.period.classified(optimal, spec.n)
-        log.debug("accepted %s: %d image(s) at %s", gid, spec.n, ",".join(levels))
+        self._accepted(sub, items, rank, optimal)
         per_image = (time.perf_counter() - t0) / spec.n
         for _ in range(spec.n):
             self.metrics.overhead.observe(per_image)
         return sub
+
+    def _ready_plan(self) -> Plan:
+        """The plan a new request is routed with; raises the 503 of a service that cannot take it
+        (shutting down, no plan with a worker yet, the work queue down)."""
+        if self.closing:
+            raise self._busy("the service is shutting down; retry against another instance", "shutting_down")
+        plan = self.plan
+        if plan is None or not any(lv is not None for lv in plan.assignment.values()):
+            raise self._busy("the service is starting: no plan with a worker yet; retry shortly", "not_ready")
+        if self.dispatch.mode == "redis" and not self.dispatch.healthy:
+            self.metrics.queue_errors.inc()
+            raise self._busy(_QUEUE_DOWN, "queue_unavailable")
+        return plan
+
+    def _not_taken(self, assignment: Assignment, spec: GenerationSpec, now: float, optimal: str | None) -> ApiError:
+        """The 429 of a request the policy did not take: no worker serves the adapter's models or
+        the quality floor, or the policy dropped it."""
+        if assignment.refusal is Refusal.MODELS_UNSERVED:
+            self.metrics.requests.labels("none", "rejected").inc(spec.n)
+            return ApiError(
+                429,
+                f"no worker currently serves a model with adapter {spec.lora!r}; retry later",
+                type="server_busy",
+                param="lora",
+                code="insufficient_capacity",
+                headers={"Retry-After": str(self.config.retry_after_s)},
+            )
+        if assignment.refusal is Refusal.FLOOR_UNMET:
+            self.metrics.requests.labels("none", "rejected").inc(spec.n)
+            return ApiError(
+                429,
+                f"no worker currently serves a level at least as good as {spec.min_quality_level!r}; retry later",
+                type="server_busy",
+                param="min_quality_level",
+                code="insufficient_capacity",
+                headers={"Retry-After": str(self.config.retry_after_s)},
+            )
+        why = assignment.reason or "dropped by the policy"
+        return self._refuse(spec, why, Refusal.POLICY, self.config.retry_after_s, now, optimal)
+
+    async def _enqueue(self, sub: Submission, items: list[WorkItem]) -> None:
+        """Hand an accepted request's images to the work queue (its result record with them);
+        raises the 503 of a queue that is down, having forgotten the waits it registered."""
+        if sub.spec.wait:
+            self.dispatch.expect(sub.request_ids)
+        try:
+            await self.dispatch.enqueue(items, (sub.id, sub.record(), self.config.result_ttl_s))
+        except QueueUnavailable as exc:
+            self.dispatch.forget(sub.request_ids)
+            self.metrics.queue_errors.inc()
+            raise self._busy(_QUEUE_DOWN, "queue_unavailable") from exc
+
+    def _accepted(self, sub: Submission, items: list[WorkItem], rank: int, optimal: str | None) -> None:
+        """Book an enqueued request: its images in flight (per worker under per-worker delivery),
+        its arrival, the period's routing and classification counts and the queue-depth gauges."""
+        now, slo_end, n = sub.arrival_s, sub.deadline_s, sub.spec.n
+        for it in items:
+            worker = it.meta.get(WORKER_META) or None
+            self.inflight[it.request_id] = _InFlight(it.level, now, slo_end, rank, worker)
+            if worker is not None:
+                self.worker_load[worker] += 1
+        self._arrived(now, n, sub.spec.tier.value)
+        self.accepted += n
+        for lv in sub.levels:
+            self.period.routed(lv)
+            self.metrics.queue_depth.labels(lv).set(self.level_load[lv])
+        if optimal is not None:
+            self.period.classified(optimal, n)
+        log.debug("accepted %s: %d image(s) at %s", sub.id, n, ",".join(sub.levels))
 
     async def wait(self, sub: Submission, timeout: float) -> list[WorkResult]:
         """The results of ``sub`` in order; raises ``TimeoutError`` (the work stays queued),
