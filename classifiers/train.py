@@ -245,6 +245,146 @@ def _torch():
 # ---- training ------------------------------------------------------------------------------
 
 
+class _Fit:
+    """One training run's model, features and optimizer (:func:`train_level_classifier`).
+
+    ``config.mode == "head"``: the encoder is frozen and the prompts are encoded once (their pooled
+    states are the features; with mean pooling they are standardized on the training rows and
+    the standardization is folded into the layer at the end); ``"full"``: every parameter trains
+    on tokenized prompts."""
+
+    def __init__(
+        self,
+        classifier: Any,
+        prompts: list[str],
+        labels: np.ndarray,
+        n_levels: int,
+        train_rows: np.ndarray,
+        val_rows: np.ndarray,
+        config: TrainConfig,
+        say: Callable[[str], None],
+    ) -> None:
+        torch = self.torch = _torch()
+        self.classifier, self.prompts, self.config = classifier, prompts, config
+        self.train_rows, self.val_rows = train_rows, val_rows
+        model = self.model = classifier.model
+        m = n_levels
+        self.mean_head = config.mode == "head" and classifier.meta.pooling == "mean"
+        self.y = torch.as_tensor(labels, dtype=torch.long)
+        weights = _class_weights(labels[train_rows], m) if config.class_weighting else np.ones(m)
+        self.loss_fn = torch.nn.CrossEntropyLoss(weight=torch.as_tensor(weights, dtype=torch.float32))
+        for p in model.parameters():
+            p.requires_grad_(config.mode == "full")
+        self.feats = self.mu = self.sd = None
+        if config.mode == "head":
+            params = list(model.classifier.parameters()) if self.mean_head else _head_parameters(model)
+            for p in params:
+                p.requires_grad_(True)
+            say(f"encoding {len(prompts)} prompts with the frozen encoder")
+            model.eval()
+            feats = _pooled_states(classifier, prompts, config.feature_batch_size, config.progress)
+            if self.mean_head:  # standardize on the training rows; folded into the layer at the end
+                self.mu = feats[torch.as_tensor(train_rows)].mean(0)
+                self.sd = feats[torch.as_tensor(train_rows)].std(0).clamp(min=1e-6)
+                feats = (feats - self.mu) / self.sd
+            self.feats = feats
+        else:
+            params = [p for p in model.parameters()]
+        self.optimizer = torch.optim.AdamW(params, lr=config.learning_rate(), weight_decay=config.weight_decay)
+        self.say = say
+
+    def batch_logits(self, rows: np.ndarray) -> Any:
+        if self.feats is not None:
+            x = self.feats[self.torch.as_tensor(rows)]
+            return self.model.classifier(x) if self.mean_head else _head_forward(self.model, x)
+        return self.classifier.forward(self.classifier.tokenize([self.prompts[i] for i in rows]))
+
+    def val_loss_acc(self) -> tuple[float, float]:
+        """The validation split's mean loss and accuracy."""
+        self.model.eval()
+        total, correct, n = 0.0, 0, 0
+        y, val_rows = self.y, self.val_rows
+        with self.torch.inference_mode():
+            for start in range(0, len(val_rows), 128):
+                rows = val_rows[start : start + 128]
+                logits = self.batch_logits(rows)
+                total += float(self.loss_fn(logits, y[rows])) * len(rows)
+                correct += int((logits.argmax(1) == y[rows]).sum())
+                n += len(rows)
+        return total / n, correct / n
+
+    def epoch(self, epoch: int) -> float:
+        """One pass over the training rows in the epoch's order; the mean training loss."""
+        torch, config, model = self.torch, self.config, self.model
+        torch.manual_seed(config.seed * 100_003 + epoch)  # dropout: same stream on resume
+        order = self.train_rows[np.random.default_rng([config.seed, epoch]).permutation(len(self.train_rows))]
+        if self.feats is None:
+            model.train()
+        else:  # frozen encoder: only the head's dropout is live
+            model.eval()
+            if hasattr(model, "dropout"):
+                model.dropout.train()
+        total, n = 0.0, 0
+        for start in range(0, len(order), config.batch_size):
+            rows = order[start : start + config.batch_size]
+            self.optimizer.zero_grad(set_to_none=True)
+            loss = self.loss_fn(self.batch_logits(rows), self.y[rows])
+            loss.backward()
+            self.optimizer.step()
+            total += loss.detach().item() * len(rows)
+            n += len(rows)
+        return total / n
+
+    def snapshot(self) -> dict[str, Any]:
+        return {k: v.detach().clone().contiguous() for k, v in self.model.state_dict().items()}
+
+    def resume(self, ckpt: Path | None, fp: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """The trainer's state and the best weights so far: from ``ckpt`` when it holds a
+        checkpoint of this data and these settings (``fp``; the model and optimizer are loaded),
+        else a fresh start."""
+        state = {"epoch": 0, "best_val": float("inf"), "best_epoch": 0, "bad_epochs": 0, "history": []}
+        if ckpt is None or not (ckpt / "trainer_state.json").is_file():
+            return state, None
+        saved = json.loads((ckpt / "trainer_state.json").read_text())
+        if saved.get("fingerprint") != fp:
+            self.say(f"{ckpt}: checkpoint is for other data or settings; starting over")
+            return state, None
+        from safetensors.torch import load_file
+
+        state = saved["state"]
+        self.model.load_state_dict(load_file(str(ckpt / "last.safetensors")), strict=True)
+        self.optimizer.load_state_dict(self.torch.load(ckpt / "optimizer.pt", weights_only=True))
+        self.say(f"resuming from {ckpt} after epoch {state['epoch']}")
+        return state, load_file(str(ckpt / "best.safetensors"))
+
+    def save(self, ckpt: Path, fp: str, state: dict[str, Any], best_state: dict[str, Any] | None) -> None:
+        """A checkpoint after an epoch: the last and best weights, the optimizer and the trainer's
+        state, each written beside and then moved over the previous one."""
+        from safetensors.torch import save_file
+
+        ckpt.mkdir(parents=True, exist_ok=True)
+        save_file(self.snapshot(), str(ckpt / "last.safetensors.tmp"))
+        save_file(best_state, str(ckpt / "best.safetensors.tmp"))
+        self.torch.save(self.optimizer.state_dict(), ckpt / "optimizer.pt.tmp")
+        (ckpt / "trainer_state.json.tmp").write_text(json.dumps({"fingerprint": fp, "state": state}))
+        for name in ("last.safetensors", "best.safetensors", "optimizer.pt", "trainer_state.json"):
+            (ckpt / f"{name}.tmp").replace(ckpt / name)
+
+    def finish(self, best_state: dict[str, Any] | None) -> None:
+        """The best epoch's weights, the standardization folded into the layer, frozen, eval mode."""
+        model = self.model
+        if best_state is not None:
+            model.load_state_dict(best_state)
+        if self.mean_head:  # W((x - mu) / sd) + b  ==  (W / sd) x + (b - (W / sd) mu)
+            with self.torch.no_grad():
+                w = model.classifier.weight / self.sd
+                model.classifier.bias.sub_(w @ self.mu)
+                model.classifier.weight.copy_(w)
+        for p in model.parameters():
+            p.requires_grad_(False)
+        model.eval()
+
+
 def train_level_classifier(
     table: QualityTable,
     *,
@@ -259,10 +399,9 @@ def train_level_classifier(
     ``classifier``: an (untrained or previously trained) classifier to start from; by default a
     new one on ``config.backbone``. Its levels must be the table's levels.
     """
-    from classifiers.level import LevelClassifier
-
-    torch = _torch()
     from tqdm.auto import tqdm
+
+    from classifiers.level import LevelClassifier
 
     config = config or TrainConfig()
     config.validate()
@@ -299,130 +438,32 @@ def train_level_classifier(
     else:
         classifier.check_levels(table.level_ids)
         classifier.meta = replace(classifier.meta, ratio=config.ratio, mode=config.mode)
-    model = classifier.model
-    mean_head = config.mode == "head" and classifier.meta.pooling == "mean"
-
-    prompts = list(table.prompts)
-    y = torch.as_tensor(labels_all, dtype=torch.long)
-    weights = _class_weights(labels_all[train_rows], m) if config.class_weighting else np.ones(m)
-    loss_fn = torch.nn.CrossEntropyLoss(weight=torch.as_tensor(weights, dtype=torch.float32))
-
-    for p in model.parameters():
-        p.requires_grad_(config.mode == "full")
-    if config.mode == "head":
-        params = list(model.classifier.parameters()) if mean_head else _head_parameters(model)
-        for p in params:
-            p.requires_grad_(True)
-        say(f"encoding {len(prompts)} prompts with the frozen encoder")
-        model.eval()
-        feats = _pooled_states(classifier, prompts, config.feature_batch_size, config.progress)
-        if mean_head:  # standardize on the training rows; folded into the layer at the end
-            mu = feats[torch.as_tensor(train_rows)].mean(0)
-            sd = feats[torch.as_tensor(train_rows)].std(0).clamp(min=1e-6)
-            feats = (feats - mu) / sd
-    else:
-        params = [p for p in model.parameters()]
-        feats = None
-    optimizer = torch.optim.AdamW(params, lr=config.learning_rate(), weight_decay=config.weight_decay)
-
-    def batch_logits(rows: np.ndarray) -> Any:
-        if feats is not None:
-            x = feats[torch.as_tensor(rows)]
-            return model.classifier(x) if mean_head else _head_forward(model, x)
-        return classifier.forward(classifier.tokenize([prompts[i] for i in rows]))
-
-    def val_loss_acc() -> tuple[float, float]:
-        model.eval()
-        total, correct, n = 0.0, 0, 0
-        with torch.inference_mode():
-            for start in range(0, len(val_rows), 128):
-                rows = val_rows[start : start + 128]
-                logits = batch_logits(rows)
-                total += float(loss_fn(logits, y[rows])) * len(rows)
-                correct += int((logits.argmax(1) == y[rows]).sum())
-                n += len(rows)
-        return total / n, correct / n
-
-    # ---- resume ---------------------------------------------------------------------------
+    fit = _Fit(classifier, list(table.prompts), labels_all, m, train_rows, val_rows, config, say)
     ckpt = Path(config.checkpoint_dir) if config.checkpoint_dir else None
     fp = _fingerprint(table, np.arange(len(table)), config, table.level_ids)
-    state = {"epoch": 0, "best_val": float("inf"), "best_epoch": 0, "bad_epochs": 0, "history": []}
-    best_state = None
-    resumed = 0
-    if ckpt is not None and (ckpt / "trainer_state.json").is_file():
-        saved = json.loads((ckpt / "trainer_state.json").read_text())
-        if saved.get("fingerprint") == fp:
-            from safetensors.torch import load_file
-
-            state = saved["state"]
-            model.load_state_dict(load_file(str(ckpt / "last.safetensors")), strict=True)
-            optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=True))
-            best_state = load_file(str(ckpt / "best.safetensors"))
-            resumed = state["epoch"]
-            say(f"resuming from {ckpt} after epoch {resumed}")
-        else:
-            say(f"{ckpt}: checkpoint is for other data or settings; starting over")
-
-    def snapshot() -> dict[str, Any]:
-        return {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
-
-    def save_checkpoint() -> None:
-        from safetensors.torch import save_file
-
-        ckpt.mkdir(parents=True, exist_ok=True)
-        save_file(snapshot(), str(ckpt / "last.safetensors.tmp"))
-        save_file(best_state, str(ckpt / "best.safetensors.tmp"))
-        torch.save(optimizer.state_dict(), ckpt / "optimizer.pt.tmp")
-        (ckpt / "trainer_state.json.tmp").write_text(json.dumps({"fingerprint": fp, "state": state}))
-        for name in ("last.safetensors", "best.safetensors", "optimizer.pt", "trainer_state.json"):
-            (ckpt / f"{name}.tmp").replace(ckpt / name)
-
+    state, best_state = fit.resume(ckpt, fp)
+    resumed = state["epoch"]
     bar = tqdm(total=config.epochs, initial=state["epoch"], desc="training", unit="epoch", disable=not config.progress)
     try:
         while state["epoch"] < config.epochs and state["bad_epochs"] < config.patience:
             epoch = state["epoch"] + 1
-            torch.manual_seed(config.seed * 100_003 + epoch)  # dropout: same stream on resume
-            order = train_rows[np.random.default_rng([config.seed, epoch]).permutation(len(train_rows))]
-            if feats is None:
-                model.train()
-            else:  # frozen encoder: only the head's dropout is live
-                model.eval()
-                if hasattr(model, "dropout"):
-                    model.dropout.train()
-            total, n = 0.0, 0
-            for start in range(0, len(order), config.batch_size):
-                rows = order[start : start + config.batch_size]
-                optimizer.zero_grad(set_to_none=True)
-                loss = loss_fn(batch_logits(rows), y[rows])
-                loss.backward()
-                optimizer.step()
-                total += loss.detach().item() * len(rows)
-                n += len(rows)
-            vloss, vacc = val_loss_acc()
-            state["history"].append({"epoch": epoch, "train_loss": total / n, "val_loss": vloss, "val_acc": vacc})
+            train_loss = fit.epoch(epoch)
+            vloss, vacc = fit.val_loss_acc()
+            state["history"].append({"epoch": epoch, "train_loss": train_loss, "val_loss": vloss, "val_acc": vacc})
             if vloss < state["best_val"] - 1e-6:
                 state["best_val"], state["best_epoch"], state["bad_epochs"] = vloss, epoch, 0
-                best_state = snapshot()
+                best_state = fit.snapshot()
             else:
                 state["bad_epochs"] += 1
             state["epoch"] = epoch
             bar.update(1)
-            bar.set_postfix(train_loss=f"{total / n:.3f}", val_loss=f"{vloss:.3f}", val_acc=f"{vacc:.3f}")
-            say(f"epoch {epoch}: train loss {total / n:.4f}, validation loss {vloss:.4f}, accuracy {vacc:.3f}")
+            bar.set_postfix(train_loss=f"{train_loss:.3f}", val_loss=f"{vloss:.3f}", val_acc=f"{vacc:.3f}")
+            say(f"epoch {epoch}: train loss {train_loss:.4f}, validation loss {vloss:.4f}, accuracy {vacc:.3f}")
             if ckpt is not None:
-                save_checkpoint()
+                fit.save(ckpt, fp, state, best_state)
     finally:
         bar.close()
-    if best_state is not None:
-        model.load_state_dict(best_state)
-    if mean_head:  # W((x - mu) / sd) + b  ==  (W / sd) x + (b - (W / sd) mu)
-        with torch.no_grad():
-            w = model.classifier.weight / sd
-            model.classifier.bias.sub_(w @ mu)
-            model.classifier.weight.copy_(w)
-    for p in model.parameters():
-        p.requires_grad_(False)
-    model.eval()
+    fit.finish(best_state)
 
     report = evaluate_classifier(classifier, table.subset(val_rows), ratio=config.ratio)
     report.n_train = len(train_rows)
