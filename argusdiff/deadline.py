@@ -13,10 +13,11 @@ request (the simulator places it there, the service's workers pull it).
 
 A policy that routes by deadline (argus+) returns its verdict with the assignment: a
 :class:`DeadlineVerdict` of kind :class:`Timeliness` (on time on the drawn path, escalated to
-another path that is on time, or late on every allowed path) and the estimate it judged by.
-Admission (:mod:`argusdiff.admission`) takes that verdict as its test: it never refuses a request
-the policy routed to be on time, and refuses a late one, i.e. one that no allowed path finishes in
-time. Pure: no I/O, no clock.
+another path that is on time, or late on every allowed path) and the estimate it judged by; an
+escalated or a late request's assignment is :func:`moved_by_deadline`'s (argus+'s ladder and
+unified routings alike). Admission (:mod:`argusdiff.admission`) takes that verdict as its test:
+it never refuses a request the policy routed to be on time, and refuses a late one, i.e. one that
+no allowed path finishes in time. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 
-from argusdiff.domain import DeadlineVerdict, Timeliness
+from argusdiff.domain import Assignment, DeadlineVerdict, Outcome, RouteReason, Timeliness
 
-__all__ = ["DeadlineVerdict", "Timeliness", "deadline_s", "earliest_finish", "finish_s"]
+__all__ = ["DeadlineVerdict", "Timeliness", "deadline_s", "earliest_finish", "finish_s", "moved_by_deadline"]
 
 
 def deadline_s(arrival_s: float, slo_s: float, factor: float = 1.0) -> float:
@@ -54,3 +55,41 @@ def earliest_finish(
             if t == now_s:
                 break  # free now: no later worker frees earlier (ties go to the first)
     return best, best_t + service_s
+
+
+def moved_by_deadline(
+    kind: Timeliness,
+    level: str,
+    worker: str | None,
+    optimal_level: str | None,
+    finish: float,
+    deadline: float,
+    *,
+    to: str = "another path",
+) -> Assignment:
+    """The assignment of a request that would finish late on its drawn path, with its verdict:
+    :attr:`Timeliness.ESCALATED`, moved to ``level``, which finishes it in time (``to``: where, in
+    words, e.g. "a faster level"); :attr:`Timeliness.LATE`, late on every path, served best effort
+    at ``level``. ``finish``: the estimate at ``level``; ``deadline``: the request's."""
+    verdict = DeadlineVerdict(kind, finish, deadline)
+    if kind is Timeliness.ESCALATED:
+        return Assignment(
+            level=level,
+            worker=worker,
+            optimal_level=optimal_level,
+            reason=f"deadline: moved to {to}",
+            verdict=verdict,
+            outcome=Outcome.ESCALATED,
+            cause=RouteReason.DEADLINE_MOVED,
+        )
+    if kind is not Timeliness.LATE:
+        raise ValueError(f"moved_by_deadline: {kind!r} is not a move (ESCALATED or LATE)")
+    return Assignment(
+        level=level,
+        worker=worker,
+        optimal_level=optimal_level,
+        best_effort=True,
+        reason="deadline cannot be met",
+        verdict=verdict,
+        cause=RouteReason.DEADLINE_LATE,
+    )

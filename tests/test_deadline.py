@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from argusdiff.admission import Admission, AdmissionConfig
-from argusdiff.deadline import deadline_s, earliest_finish, finish_s
-from argusdiff.domain import DeadlineVerdict, Plan, Timeliness
+from argusdiff.deadline import deadline_s, earliest_finish, finish_s, moved_by_deadline
+from argusdiff.domain import DeadlineVerdict, Outcome, Plan, RouteReason, Timeliness
 from argusdiff.policies import make_policy
 from argusdiff.profile import load_profile
 from argusdiff.simulator import SimConfig, quick_workload, simulate, summarize
@@ -42,6 +42,27 @@ def _plan(profile, assignment) -> Plan:
         predicted_qpm=0.0,
         expected_quality=0.0,
     )
+
+
+def test_one_constructor_for_a_move_by_deadline():
+    """argus+'s ladder and unified routings build their escalated and best-effort assignments with
+    one constructor; only the words of where an escalation went differ."""
+    up = moved_by_deadline(Timeliness.ESCALATED, "fast", "w1", "best", 8.0, 9.0, to="a faster level")
+    assert (up.level, up.worker, up.optimal_level) == ("fast", "w1", "best")
+    assert up.outcome is Outcome.ESCALATED and up.cause is RouteReason.DEADLINE_MOVED and not up.best_effort
+    assert (
+        up.verdict == DeadlineVerdict(Timeliness.ESCALATED, 8.0, 9.0)
+        and up.reason == "deadline: moved to a faster level"
+    )
+    assert (
+        moved_by_deadline(Timeliness.ESCALATED, "fast", "w1", None, 8.0, 9.0).reason
+        == "deadline: moved to another path"
+    )
+    late = moved_by_deadline(Timeliness.LATE, "fast", "w2", "best", 12.0, 9.0)
+    assert late.outcome is Outcome.SERVED and late.cause is RouteReason.DEADLINE_LATE and late.best_effort
+    assert late.verdict == DeadlineVerdict(Timeliness.LATE, 12.0, 9.0) and late.taken
+    with pytest.raises(ValueError, match="not a move"):
+        moved_by_deadline(Timeliness.ON_TIME, "fast", "w1", None, 8.0, 9.0)
 
 
 def test_admission_takes_the_policys_verdict():

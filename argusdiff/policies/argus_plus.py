@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from argusdiff.deadline import deadline_s, earliest_finish
+from argusdiff.deadline import deadline_s, earliest_finish, moved_by_deadline
 from argusdiff.domain import (
     Assignment,
     ClusterStats,
@@ -427,14 +427,8 @@ class LadderRouting(ArgusRouting):
                 continue
             wk, fk = earliest_finish(workers, bu, now, lat[k])
             if fk <= deadline:
-                return Assignment(
-                    level=self.levels[k],
-                    worker=wk,
-                    optimal_level=a.optimal_level,
-                    reason="deadline: moved to a faster level",
-                    verdict=DeadlineVerdict(Timeliness.ESCALATED, fk, deadline),
-                    outcome=Outcome.ESCALATED,
-                    cause=RouteReason.DEADLINE_MOVED,
+                return moved_by_deadline(
+                    Timeliness.ESCALATED, self.levels[k], wk, a.optimal_level, fk, deadline, to="a faster level"
                 )
         # late on every level: best effort at the fastest level this prompt can use that has
         # workers, on the worker that frees first
@@ -443,15 +437,7 @@ class LadderRouting(ArgusRouting):
         if not workers:
             return dataclasses.replace(a, verdict=DeadlineVerdict(Timeliness.LATE, finish, deadline))
         wk, fk = earliest_finish(workers, bu, now, lat[k])
-        return Assignment(
-            level=self.levels[k],
-            worker=wk,
-            optimal_level=a.optimal_level,
-            best_effort=True,
-            reason="deadline cannot be met",
-            verdict=DeadlineVerdict(Timeliness.LATE, fk, deadline),
-            cause=RouteReason.DEADLINE_LATE,
-        )
+        return moved_by_deadline(Timeliness.LATE, self.levels[k], wk, a.optimal_level, fk, deadline)
 
 
 class MixedLadderRouting(LadderRouting):

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from argusdiff.deadline import deadline_s, earliest_finish
+from argusdiff.deadline import deadline_s, earliest_finish, moved_by_deadline
 from argusdiff.domain import (
     Assignment,
     ClusterStats,
@@ -446,26 +446,10 @@ class UnifiedRouting(Routing):
                 first = (finish, k, wk)
         if best is not None:
             _, k, wk, finish = best
-            return Assignment(
-                level=self.levels[k],
-                worker=wk,
-                optimal_level=view.optimal_level,
-                reason="deadline: moved to another path",
-                verdict=DeadlineVerdict(Timeliness.ESCALATED, finish, deadline),
-                outcome=Outcome.ESCALATED,
-                cause=RouteReason.DEADLINE_MOVED,
-            )
+            return moved_by_deadline(Timeliness.ESCALATED, self.levels[k], wk, view.optimal_level, finish, deadline)
         # late on every path: best effort on the path that finishes first (its own on a tie)
         finish, k, wk = (finish_j, j, w) if first is None or finish_j <= first[0] else first
-        return Assignment(
-            level=self.levels[k],
-            worker=wk,
-            optimal_level=view.optimal_level,
-            best_effort=True,
-            reason="deadline cannot be met",
-            verdict=DeadlineVerdict(Timeliness.LATE, finish, deadline),
-            cause=RouteReason.DEADLINE_LATE,
-        )
+        return moved_by_deadline(Timeliness.LATE, self.levels[k], wk, view.optimal_level, finish, deadline)
 
     def route_heavy(self, request: Request, view: RouteView) -> Assignment:
         """A deferral: the pair's heavy level, or ``level=None`` (the light image is returned)."""
