@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
@@ -50,19 +51,10 @@ def _profile(name: str):
     return load_demo_profile(name)
 
 
-def run(args: argparse.Namespace) -> int:
-    import os
-
-    from argusdiff.config import load_settings
+def _checked(args: argparse.Namespace, profile: Any) -> tuple[Any, Path]:
+    """The level to run and the image's path, the options checked (each error names its option)."""
     from argusdiff.errors import ConfigError
 
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from argusdiff.service.schemas import prompt_problem
-
-    problem = prompt_problem(args.prompt, load_settings(args.config).service.max_prompt_chars)
-    if problem is not None:  # the API's rule (a 400 there)
-        raise ConfigError(f"argument prompt {problem[1]}")
-    profile = _profile(args.profile)
     if args.level is None:
         level = profile.best
     else:
@@ -86,6 +78,42 @@ def run(args: argparse.Namespace) -> int:
     is_light = cascade is not None and level.id == cascade.light
     if args.discriminator and not is_light:
         raise ConfigError(f"option --discriminator applies to the cascade light level, not {level.id!r}")
+    return level, out
+
+
+def _print_result(out: Path, profile: Any, level: Any, result: Any, cache: Any) -> None:
+    """One line on what ran: level, model, seed, UNet calls, times, the cache and the cascade."""
+    t = result.timings
+    extra = ""
+    if level.strategy.value == "ac":
+        extra = f", cache {'hit, K=' + str(result.k_used) if result.cache_hit else 'miss'}"
+        if result.cache_error:
+            extra += f" (cache error: {result.cache_error})"
+        elif level.skip and cache is None:
+            extra += " (no --cache: ran all steps)"
+    if result.confidence is not None:
+        extra += f", confidence {result.confidence:.3f}{' -> deferred to ' + result.level if result.deferred else ''}"
+    print(
+        f"wrote {out} ({profile.name}/{result.level}, model {level.model}, seed {result.seed}, "
+        f"{result.unet_calls} UNet calls, denoise {t.get('denoise_s', 0):.3f} s, decode {t.get('decode_s', 0):.3f} s"
+        f"{extra})"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    import os
+
+    from argusdiff.config import load_settings
+    from argusdiff.errors import ConfigError
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from argusdiff.service.schemas import prompt_problem
+
+    problem = prompt_problem(args.prompt, load_settings(args.config).service.max_prompt_chars)
+    if problem is not None:  # the API's rule (a 400 there)
+        raise ConfigError(f"argument prompt {problem[1]}")
+    profile = _profile(args.profile)
+    level, out = _checked(args, profile)
     settings = load_settings(args.config)
     wcfg = settings.workers
     updates = {}
@@ -160,21 +188,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary, indent=2))
         return 0
-    t = result.timings
-    extra = ""
-    if level.strategy.value == "ac":
-        extra = f", cache {'hit, K=' + str(result.k_used) if result.cache_hit else 'miss'}"
-        if result.cache_error:
-            extra += f" (cache error: {result.cache_error})"
-        elif level.skip and cache is None:
-            extra += " (no --cache: ran all steps)"
-    if result.confidence is not None:
-        extra += f", confidence {result.confidence:.3f}{' -> deferred to ' + result.level if result.deferred else ''}"
-    print(
-        f"wrote {out} ({profile.name}/{result.level}, model {level.model}, seed {result.seed}, "
-        f"{result.unet_calls} UNet calls, denoise {t.get('denoise_s', 0):.3f} s, decode {t.get('decode_s', 0):.3f} s"
-        f"{extra})"
-    )
+    _print_result(out, profile, level, result, cache)
     if model_spec.source.startswith("demo:"):  # the registry builds it from a config: random weights
         print("note: demo models have random weights: this checks the pipeline, not image quality", file=sys.stderr)
     return 0

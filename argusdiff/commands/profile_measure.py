@@ -137,33 +137,13 @@ def run(args: argparse.Namespace) -> int:
             probe.spec(level.model)
     except UnknownModel as exc:
         raise ConfigError(f"--profile/--model: {exc}") from None
-    from workers.profiling import Measurement, measure_profile, provenance, steps_of, write_profile
+    from workers.profiling import measure_profile, provenance, steps_of, write_profile
 
-    quiet = args.quiet
-    bar = None
-    if not quiet and sys.stderr.isatty():  # a progress bar on a terminal; plain lines otherwise
-        from tqdm import tqdm
-
-        total = steps_of(profile, args.batch_sizes, args.repeats, args.warmup, args.load_repeats)
-        bar = tqdm(
-            total=total + (len(profile.levels) * len(prompts) if args.quality_out else 0),
-            desc="measure",
-            unit="run",
-            file=sys.stderr,
-            dynamic_ncols=True,
-        )
-
-    def step(what: str) -> None:
-        if bar is not None:
-            bar.set_description(what[:32])
-            bar.update(1)
-
-    def log(line: str) -> None:
-        if bar is not None:
-            bar.write(line, file=sys.stderr)
-        elif not quiet:
-            print(line, file=sys.stderr, flush=True)
-
+    bar, step, log = _progress(
+        args,
+        steps_of(profile, args.batch_sizes, args.repeats, args.warmup, args.load_repeats)
+        + (len(profile.levels) * len(prompts) if args.quality_out else 0),
+    )
     info = provenance(device, probe.torch_dtype_name(), threads)
     log(f"measuring {profile.name} on {info['device']}, {probe.torch_dtype_name()}, {info['date']}")
     try:
@@ -185,30 +165,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if bar is not None:
             bar.close()
-    memory_note = {
-        "cuda": "GPU memory per model: allocated by the loaded pipeline, and peak allocated per batch size",
-        "rss": "CPU run, GPU memory not measured: whole-process resident memory (RSS) after each load and its "
-        "peak per batch size",
-    }.get(memory_kind, "not measured (no /proc on this system)")
-    command = "argusdiff " + shlex.join(getattr(args, "argv", ("profile", "measure")))
-    measurement = Measurement(
-        latencies=latencies,
-        models=models,
-        memory_kind=memory_kind,
-        provenance=info,
-        settings={
-            "command": command,
-            "input_profile": args.profile or settings.profile,
-            "batch_sizes": list(args.batch_sizes),
-            "repeats": args.repeats,
-            "warmup": args.warmup,
-            "load_repeats": args.load_repeats,
-            "latency": "median per batch: denoise + decode; AC K > 0 resumed from step K (no cache retrieval)",
-            "load_time": "median from_pretrained/from_single_file in a fresh registry, after one warm-up load",
-            "memory": memory_note,
-            "quality": quality_note,
-        },
-    )
+    measurement = _measurement(args, settings, latencies, models, memory_kind, info, quality_note)
     header = [
         *args.note,
         f"Measured by `argusdiff profile measure` from {profile.name} on {info['device']}, {info['date']}.",
@@ -233,6 +190,67 @@ def run(args: argparse.Namespace) -> int:
             f"wrote {out}, but it does not validate (noisy timing? rerun with more --repeats): {exc}", file=sys.stderr
         )
         return 1
+    _print_written(out, checked, models, memory_kind)
+    return 0
+
+
+def _progress(args: argparse.Namespace, total: int):
+    """``(bar, step, log)``: a progress bar of ``total`` runs on a terminal (None elsewhere), the
+    callback each run calls, and how a line is logged (above the bar, or plain to stderr unless
+    ``--quiet``)."""
+    bar = None
+    if not args.quiet and sys.stderr.isatty():  # a progress bar on a terminal; plain lines otherwise
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, desc="measure", unit="run", file=sys.stderr, dynamic_ncols=True)
+
+    def step(what: str) -> None:
+        if bar is not None:
+            bar.set_description(what[:32])
+            bar.update(1)
+
+    def log(line: str) -> None:
+        if bar is not None:
+            bar.write(line, file=sys.stderr)
+        elif not args.quiet:
+            print(line, file=sys.stderr, flush=True)
+
+    return bar, step, log
+
+
+def _measurement(args, settings, latencies, models, memory_kind, info, quality_note):
+    """The ``[measured]`` record of a run: what was measured, how, and with which command."""
+    from workers.profiling import Measurement
+
+    memory_note = {
+        "cuda": "GPU memory per model: allocated by the loaded pipeline, and peak allocated per batch size",
+        "rss": "CPU run, GPU memory not measured: whole-process resident memory (RSS) after each load and its "
+        "peak per batch size",
+    }.get(memory_kind, "not measured (no /proc on this system)")
+    command = "argusdiff " + shlex.join(getattr(args, "argv", ("profile", "measure")))
+    return Measurement(
+        latencies=latencies,
+        models=models,
+        memory_kind=memory_kind,
+        provenance=info,
+        settings={
+            "command": command,
+            "input_profile": args.profile or settings.profile,
+            "batch_sizes": list(args.batch_sizes),
+            "repeats": args.repeats,
+            "warmup": args.warmup,
+            "load_repeats": args.load_repeats,
+            "latency": "median per batch: denoise + decode; AC K > 0 resumed from step K (no cache retrieval)",
+            "load_time": "median from_pretrained/from_single_file in a fresh registry, after one warm-up load",
+            "memory": memory_note,
+            "quality": quality_note,
+        },
+    )
+
+
+def _print_written(out, checked, models, memory_kind) -> None:
+    """The written profile's summary: each level's latency at batch 1 (and its ratio to the first
+    level's), load time and memory."""
     print(f"wrote {out}: {checked.name} on {checked.gpu}, {len(checked.levels)} levels")
     base = checked.levels[0].latency(1)
     for lv in checked.levels:
@@ -243,7 +261,6 @@ def run(args: argparse.Namespace) -> int:
             f"  {lv.id:<16} b=1 {lv.latency(1) * 1000:8.1f} ms ({lv.latency(1) / base:.2f}x)  "
             f"load {lv.load_time_s:.2f} s{mem}"
         )
-    return 0
 
 
 def _quality(args, profile, registry, prompts, pset, info, step):
