@@ -549,22 +549,18 @@ class Router:
         """The 429 of a request the policy did not take: no worker serves the adapter's models or
         the quality floor, or the policy dropped it."""
         if assignment.refusal is Refusal.MODELS_UNSERVED:
+            param, what = "lora", f"a model with adapter {spec.lora!r}"
+        elif assignment.refusal is Refusal.FLOOR_UNMET:
+            param, what = "min_quality_level", f"a level at least as good as {spec.min_quality_level!r}"
+        else:
+            param = what = None
+        if param is not None:
             self.metrics.requests.labels("none", "rejected").inc(spec.n)
             return ApiError(
                 429,
-                f"no worker currently serves a model with adapter {spec.lora!r}; retry later",
+                f"no worker currently serves {what}; retry later",
                 type="server_busy",
-                param="lora",
-                code="insufficient_capacity",
-                headers={"Retry-After": str(self.config.retry_after_s)},
-            )
-        if assignment.refusal is Refusal.FLOOR_UNMET:
-            self.metrics.requests.labels("none", "rejected").inc(spec.n)
-            return ApiError(
-                429,
-                f"no worker currently serves a level at least as good as {spec.min_quality_level!r}; retry later",
-                type="server_busy",
-                param="min_quality_level",
+                param=param,
                 code="insufficient_capacity",
                 headers={"Retry-After": str(self.config.retry_after_s)},
             )
