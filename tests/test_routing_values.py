@@ -5,7 +5,9 @@ passed in; argus+'s modes are named classes."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import pickle
 
 import numpy as np
 import pytest
@@ -77,6 +79,12 @@ def test_each_plan_routes_with_one_immutable_value(policy_name, profile_name, ki
     assert bare.routing is None and bare == plan and "routing" not in repr(plan)
     assert plan.renumbered(plan.version + 5).routing is r
     assert pol.routed(plan) is plan and type(pol.routed(bare).routing) is type(r)
+    # a routed plan pickles and deep-copies, routing included, as a plan without one does
+    for copied in (pickle.loads(pickle.dumps(plan)), copy.deepcopy(plan)):
+        assert copied == plan and type(copied.routing) is type(r)
+        with pytest.raises(AttributeError):
+            copied.routing.levels = ()
+        assert copied.routing.route(req, view, np.random.default_rng(3)) == r.route(req, view, np.random.default_rng(3))
 
 
 @pytest.mark.parametrize(("policy_name", "profile_name"), [("argus", "sm-a100"), ("argus+", "unified-a100")])

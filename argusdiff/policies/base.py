@@ -601,6 +601,14 @@ class Routing:
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"{type(self).__name__} is immutable (built once per plan)")
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Its slots (a routed plan pickles and copies as a plan without one does)."""
+        names = (n for c in type(self).__mro__ for n in getattr(c, "__slots__", ()))
+        return {n: getattr(self, n) for n in names if hasattr(self, n)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        frozen_init(self, **state)
+
     def route(self, request: Request, view: RouteView, rng: np.random.Generator) -> Assignment:
         """One request's assignment (draws from ``rng``, the policy's generator, as the policy does)."""
         raise NotImplementedError
@@ -645,6 +653,11 @@ class PlanRouting(Routing):
             cum=cum,
             _cum=tuple(tuple(c.tolist()) for c in cum),
         )
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        for c in self.cum:
+            c.flags.writeable = False
 
     def sample(self, row: int, u: float) -> int:
         """Level index drawn from PASM row ``row`` with uniform ``u``, restricted to levels that
