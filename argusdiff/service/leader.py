@@ -113,10 +113,10 @@ _REFUSALS = {
 }
 
 
-
 async def _unchanged() -> bool:
     """No look at the workers' membership this turn (it is looked at once per heartbeat)."""
     return False
+
 
 class StaleLeader(ArgusdiffError):
     """A plan write was refused: this router no longer holds the leader lease."""
