@@ -490,6 +490,12 @@ def write_results(out: Path, blocks: dict[str, list[str]], t_sec: dict[str, floa
     a run of some sections replaces only those (a section not there yet goes after the others),
     so a change that affects one section regenerates that one."""
     now = time.perf_counter()
+    starts = sorted(t_sec.values())
+
+    def minutes(name: str) -> float:  # from the section's start to the next section's (or the end)
+        begun = t_sec.get(name, now)
+        return (min([t for t in starts if t > begun], default=now) - begun) / 60
+
     body: dict[str, str] = {}
     for name in SECTIONS:
         if name not in blocks:
@@ -498,7 +504,7 @@ def write_results(out: Path, blocks: dict[str, list[str]], t_sec: dict[str, floa
         text = "\n".join(blocks[name])
         if name == "unified":  # unified_section() brings its own markers
             text = text.replace(UNIFIED_START, "").replace(UNIFIED_END, "").strip("\n")
-        body[name] = f"{start}\n{stamp(name, (now - t_sec.get(name, now)) / 60)}\n{text}\n{end}"
+        body[name] = f"{start}\n{stamp(name, minutes(name))}\n{text}\n{end}"
     existing = out.read_text() if out.exists() else ""
     if full or TABLES not in existing:
         head = existing.split(TABLES)[0] if TABLES in existing else "# Results\n\n"
