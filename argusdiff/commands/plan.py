@@ -371,40 +371,50 @@ def _run_unified(args, profile, settings, backend) -> int:
     counts = {lv: sum(1 for v in up.level_assignment.values() if v == lv) for lv in up.levels}
     heavy = {p.id: p.heavy.level for p in problem.paths if p.heavy is not None}
     if args.json:
-        out = {
-            "profile": profile.name,
-            "gpus": args.gpus,
-            "load_qpm": args.load_qpm,
-            "margin": args.margin,
-            "tiers": {t.name: {"share": t.share, "deadline_s": t.deadline_s} for t in tiers},
-            "paths": [
-                {
-                    "id": p,
-                    "strategy": up.path_strategy[p].value,
-                    "share": share[up.levels.index(p)],
-                    "workers": counts.get(p, 0),
-                    **(
-                        {"threshold": up.thresholds[p], "deferral": up.deferral[p], "heavy": heavy[p]}
-                        if p in up.thresholds
-                        else {}
-                    ),
-                }
-                for p in up.paths
-            ],
-            "workers_per_model": dict(up.counts),
-            "assignment": dict(up.level_assignment),
-            "routing": {f"{t}/{c}": dict(r) for (t, c), r in up.routing.items()},
-            "expected_quality": up.expected_quality,
-            "goodput": dict(up.goodput),
-            "saturated": up.saturated,
-            "shortfall_qpm": up.shortfall_qpm,
-            "formulation": up.formulation,
-            "backend": up.backend,
-            "solve_s": up.solve_s,
-            "notes": list(up.notes),
-        }
-        print(json.dumps(out, indent=2))
+        print(json.dumps(_unified_json(args, profile, tiers, up, share, counts, heavy), indent=2))
         return 0
+    _print_unified(args, profile, tiers, up, share, counts, heavy)
+    return 0
+
+
+def _unified_json(args, profile, tiers, up, share, counts, heavy) -> dict:
+    """The unified plan as ``--json`` prints it."""
+    return {
+        "profile": profile.name,
+        "gpus": args.gpus,
+        "load_qpm": args.load_qpm,
+        "margin": args.margin,
+        "tiers": {t.name: {"share": t.share, "deadline_s": t.deadline_s} for t in tiers},
+        "paths": [
+            {
+                "id": p,
+                "strategy": up.path_strategy[p].value,
+                "share": share[up.levels.index(p)],
+                "workers": counts.get(p, 0),
+                **(
+                    {"threshold": up.thresholds[p], "deferral": up.deferral[p], "heavy": heavy[p]}
+                    if p in up.thresholds
+                    else {}
+                ),
+            }
+            for p in up.paths
+        ],
+        "workers_per_model": dict(up.counts),
+        "assignment": dict(up.level_assignment),
+        "routing": {f"{t}/{c}": dict(r) for (t, c), r in up.routing.items()},
+        "expected_quality": up.expected_quality,
+        "goodput": dict(up.goodput),
+        "saturated": up.saturated,
+        "shortfall_qpm": up.shortfall_qpm,
+        "formulation": up.formulation,
+        "backend": up.backend,
+        "solve_s": up.solve_s,
+        "notes": list(up.notes),
+    }
+
+
+def _print_unified(args, profile, tiers, up, share, counts, heavy) -> None:
+    """The unified plan as a table: its paths, workers, expected quality and routing shares."""
     print(
         f"{profile.name} on {profile.gpu}: {args.gpus} GPUs, load {args.load_qpm:g} QPM"
         + (f" x margin {args.margin:g}" if args.margin != 1 else "")
@@ -441,7 +451,6 @@ def _run_unified(args, profile, settings, backend) -> int:
             f"{p} {q / total:.2f}" for p, q in sorted(r.items(), key=lambda kv: -kv[1]) if q / total >= 0.005
         )
         print(f"  {t}/{c}: {parts}")
-    return 0
 
 
 def _run_cascade(args, profile, settings, backend) -> int:
