@@ -258,13 +258,14 @@ def _check_out(out: str) -> None:
         raise ConfigError(f"--out: cannot write to folder {out!r}: {exc.strerror or exc}") from None
 
 
-def run(args: argparse.Namespace) -> int:
+def _spec(args: argparse.Namespace):
+    """The replay's spec from the options and ``[replay]``, ``[admission]``, ``[predictor]`` and
+    ``[classifier]`` settings (an option given wins)."""
     from argusdiff.config import load_settings
     from argusdiff.policies import POLICIES
-    from argusdiff.replay import DEFAULT_POLICIES, ReplaySpec, run_replay
+    from argusdiff.replay import DEFAULT_POLICIES, ReplaySpec
     from argusdiff.simulator.drift import DriftSettings
 
-    _check(args)
     settings = load_settings()
     cfg = settings.replay
     adm = settings.admission
@@ -316,6 +317,12 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.period is None and cfg.period_s != 60.0:
         spec.period_s = cfg.period_s
+    return spec
+
+
+def _progress_bar(args: argparse.Namespace, spec):
+    """``(bar, progress)``: a bar over every run of the replay on a terminal, and the callback each
+    run reports its progress to; ``(None, None)`` elsewhere or with ``--quiet``."""
     bar = None
     progress = None
     if not args.quiet and sys.stderr.isatty():
@@ -343,6 +350,15 @@ def run(args: argparse.Namespace) -> int:
                 done[label] = pct
                 bar.set_description(f"replay {label}")
 
+    return bar, progress
+
+
+def run(args: argparse.Namespace) -> int:
+    from argusdiff.replay import run_replay
+
+    _check(args)
+    spec = _spec(args)
+    bar, progress = _progress_bar(args, spec)
     log = None if args.quiet else (lambda m: print(m, file=sys.stderr))
     try:
         result = run_replay(spec, progress=progress, log=log)
