@@ -83,7 +83,7 @@ def _slot(profile) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from argusdiff.bound import RELAXED, clairvoyant_bound
+    from argusdiff.bound import clairvoyant_bound
     from argusdiff.config import load_settings
     from argusdiff.profile import load_profile
     from argusdiff.replay import ReplaySpec, prepare
@@ -144,17 +144,31 @@ def run(args: argparse.Namespace) -> int:
             wl, p, gpus=gpus, slo_s=deploy_slo, tier_slo=dict(cfg.tier_slo_factors), faults=faults, bin_s=bin_s
         )
         rows.append((p, b, time.perf_counter() - t0, prepared))
-    prov = rows[0][3].provenance
     if args.json:
-        out = {
-            "trace": prov["trace_name"],
-            "requests": prov["requests"],
-            "duration_min": prov["duration_min"],
-            "load_scaling": prov.get("load_scaling", ""),
-            "bounds": [b.as_dict() for _p, b, _t, _pr in rows],
-        }
-        print(json.dumps(out, indent=2, default=lambda x: None if x != x else x))
+        print(json.dumps(_bounds_json(rows), indent=2, default=lambda x: None if x != x else x))
         return 0
+    _print_bounds(rows, gpus)
+    sys.stdout.flush()
+    return 0
+
+
+def _bounds_json(rows) -> dict:
+    """The bounds as ``--json`` prints them."""
+    prov = rows[0][3].provenance
+    return {
+        "trace": prov["trace_name"],
+        "requests": prov["requests"],
+        "duration_min": prov["duration_min"],
+        "load_scaling": prov.get("load_scaling", ""),
+        "bounds": [b.as_dict() for _p, b, _t, _pr in rows],
+    }
+
+
+def _print_bounds(rows, gpus: int) -> None:
+    """The bounds as a table, one row per profile, with what each column means."""
+    from argusdiff.bound import RELAXED
+
+    prov = rows[0][3].provenance
     print(
         f"clairvoyant bound of {prov['trace_name']} ({prov['requests']} requests, {prov['duration_min']:.0f} min, "
         f"mean {prov['mean_qpm']:.0f} QPM, peak {prov['peak_qpm']:.0f} QPM); {gpus} workers; "
@@ -181,5 +195,3 @@ def run(args: argparse.Namespace) -> int:
         "(late requests score 0). Upper bounds, not a policy (docs/bound.md)."
     )
     print("relaxed: " + "; ".join(RELAXED))
-    sys.stdout.flush()
-    return 0
