@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import functools
-import importlib.util
 from pathlib import Path
 
 from hypothesis import strategies as st
+from scripts_module import load_script
 
 from argusdiff.domain import Strategy
 from solver.paths import Pool, ServingPath, Stage, TierSpec, UnifiedProblem
@@ -101,10 +101,7 @@ def problems(draw, max_classes: int = 3, max_workers: int = 10, max_grid: int = 
 
 @functools.cache
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_solver", ROOT / "scripts" / "bench_solver.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench_solver")
 
 
 def realistic(workers: int, per_worker_qpm: float, *, tiered: bool = False, informed: bool = True) -> UnifiedProblem:

@@ -3,17 +3,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
+
+from scripts_module import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("module_map", ROOT / "scripts" / "module_map.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("module_map")
 
 
 def test_the_architecture_docs_list_every_module_as_the_code_describes_it():

@@ -3,11 +3,11 @@ load section of scripts/run_results.py (docs/results.md, "The papers' load")."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 
 import pytest
+from scripts_module import load_script
 
 from argusdiff.cli import main
 from argusdiff.errors import ConfigError
@@ -18,10 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _run_results():
-    spec = importlib.util.spec_from_file_location("run_results", ROOT / "scripts" / "run_results.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("run_results")
 
 
 @pytest.mark.parametrize(

@@ -3,17 +3,15 @@ date line, timed from its start to the next section's start (not to the end of t
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
+
+from scripts_module import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _run_results():
-    spec = importlib.util.spec_from_file_location("run_results", ROOT / "scripts" / "run_results.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("run_results")
 
 
 def test_a_run_of_some_sections_times_each_and_replaces_only_those(tmp_path, monkeypatch):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from scripts_module import load_script
 
 from argusdiff.domain import ApproxLevel, Strategy
 from workers.messages import WorkItem
@@ -171,14 +172,9 @@ def test_ac_executor_stores_and_resumes_packed_flux_latents(demo_registry, memor
 def test_check_cuda_path_runs_the_dit_checks_on_cpu(demo_models_dir, tmp_path, capsys):
     """The GPU check script (scripts/check_cuda_path.py) with ``--device cpu``: its DiT checks pass
     here, so a failure on a GPU is the GPU's."""
-    import importlib.util
     import json
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "scripts" / "check_cuda_path.py"
-    spec = importlib.util.spec_from_file_location("check_cuda_path", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("check_cuda_path")
     argv = ["--device", "cpu", "--dtype", "float32", "--only", "dit_generate,dit_resume,feature_cache,dit_edit",
             "--out", str(tmp_path), "--models-dir", demo_models_dir]  # fmt: skip
     assert script.main(argv) == 0, capsys.readouterr().out
