@@ -376,6 +376,44 @@ def _split(n: int, val_fraction: float, rng: np.random.Generator) -> tuple[np.nd
     return np.sort(order[n_val:]), np.sort(order[:n_val])
 
 
+def _labelled_splits(disc: Discriminator, real_images: Sequence[Any], generated_images: Sequence[Any], config):
+    """``(x_train, y_train, x_val, y_val)``: each class split into train/validation on its own
+    (``config.val_fraction``, seeded), preprocessed; real images are class 1, generated class 0."""
+    torch = _torch()
+    rng = np.random.default_rng(config.seed)
+    r_tr, r_va = _split(len(real_images), config.val_fraction, rng)
+    g_tr, g_va = _split(len(generated_images), config.val_fraction, rng)
+    x_real = disc.preprocess(list(real_images))
+    x_gen = disc.preprocess(list(generated_images))
+    x_tr = torch.cat([x_real[r_tr], x_gen[g_tr]])
+    y_tr = torch.cat([torch.ones(len(r_tr), dtype=torch.long), torch.zeros(len(g_tr), dtype=torch.long)])
+    x_va = torch.cat([x_real[r_va], x_gen[g_va]])
+    y_va = torch.cat([torch.ones(len(r_va), dtype=torch.long), torch.zeros(len(g_va), dtype=torch.long)])
+    return x_tr, y_tr, x_va, y_va
+
+
+def _train_epoch(model: Any, opt: Any, loss_fn: Any, x_tr: Any, y_tr: Any, config, epoch: int) -> float:
+    """One pass over the training images in the epoch's seeded order (random horizontal flips with
+    ``config.flip``); the mean training loss."""
+    torch = _torch()
+    torch.manual_seed(config.seed * 100_003 + epoch)
+    model.train()
+    order = torch.as_tensor(np.random.default_rng([config.seed, epoch]).permutation(len(y_tr)))
+    total = 0.0
+    for start in range(0, len(order), config.batch_size):
+        idx = order[start : start + config.batch_size]
+        xb = x_tr[idx]
+        if config.flip:
+            flip = torch.rand(len(idx)) < 0.5
+            xb = torch.where(flip[:, None, None, None], xb.flip(-1), xb)
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(xb), y_tr[idx])
+        loss.backward()
+        opt.step()
+        total += loss.detach().item() * len(idx)
+    return total / len(order)
+
+
 def train_discriminator(
     real_images: Sequence[Any],
     generated_images: Sequence[Any],
@@ -413,16 +451,8 @@ def train_discriminator(
         seed=config.seed,
         pretrained=config.pretrained,
     )
-    rng = np.random.default_rng(config.seed)
-    r_tr, r_va = _split(len(real_images), config.val_fraction, rng)
-    g_tr, g_va = _split(len(generated_images), config.val_fraction, rng)
     say(f"preprocessing {len(real_images) + len(generated_images)} images at {config.image_size} px")
-    x_real = disc.preprocess(list(real_images))
-    x_gen = disc.preprocess(list(generated_images))
-    x_tr = torch.cat([x_real[r_tr], x_gen[g_tr]])
-    y_tr = torch.cat([torch.ones(len(r_tr), dtype=torch.long), torch.zeros(len(g_tr), dtype=torch.long)])
-    x_va = torch.cat([x_real[r_va], x_gen[g_va]])
-    y_va = torch.cat([torch.ones(len(r_va), dtype=torch.long), torch.zeros(len(g_va), dtype=torch.long)])
+    x_tr, y_tr, x_va, y_va = _labelled_splits(disc, real_images, generated_images, config)
     counts = torch.bincount(y_tr, minlength=2).float()
     loss_fn = torch.nn.CrossEntropyLoss(weight=len(y_tr) / (2 * counts))
     model = disc.model
@@ -437,24 +467,10 @@ def train_discriminator(
     best_val, best_epoch, bad, best_state, history = float("inf"), 0, 0, None, []
     epoch = 0
     for epoch in tqdm(range(1, config.epochs + 1), desc="training", unit="epoch", disable=not config.progress):
-        torch.manual_seed(config.seed * 100_003 + epoch)
-        model.train()
-        order = torch.as_tensor(np.random.default_rng([config.seed, epoch]).permutation(len(y_tr)))
-        total = 0.0
-        for start in range(0, len(order), config.batch_size):
-            idx = order[start : start + config.batch_size]
-            xb = x_tr[idx]
-            if config.flip:
-                flip = torch.rand(len(idx)) < 0.5
-                xb = torch.where(flip[:, None, None, None], xb.flip(-1), xb)
-            opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model(xb), y_tr[idx])
-            loss.backward()
-            opt.step()
-            total += loss.detach().item() * len(idx)
+        train_loss = _train_epoch(model, opt, loss_fn, x_tr, y_tr, config, epoch)
         vloss, _ = val_pass()
-        history.append({"epoch": epoch, "train_loss": total / len(order), "val_loss": vloss})
-        say(f"epoch {epoch}: train loss {total / len(order):.4f}, validation loss {vloss:.4f}")
+        history.append({"epoch": epoch, "train_loss": train_loss, "val_loss": vloss})
+        say(f"epoch {epoch}: train loss {train_loss:.4f}, validation loss {vloss:.4f}")
         if vloss < best_val - 1e-6:
             best_val, best_epoch, bad = vloss, epoch, 0
             best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
