@@ -27,6 +27,43 @@ __all__ = ["Emit", "stream_run"]
 Emit = Callable[[str, dict], Awaitable[None]]
 
 
+async def _error(emit: Emit, exc: ApiError) -> int:
+    """The stream's error event; the request's final status."""
+    await emit("error", exc.body())
+    return exc.status
+
+
+async def _completed(
+    api: Api, sub: Submission, spec: s.GenerationSpec, res: WorkResult, emit: Emit, common: dict
+) -> int:
+    """The stream's last event for the image's result: the completed image, or the error of a
+    cancelled, filtered or failed one (or one the image store lost); the request's final status."""
+    if res.error_type == CANCELLED:
+        return await _error(emit, cancelled(sub.id))
+    if res.error_type == FILTERED:
+        return await _error(emit, filtered(sub.id, 0))
+    if not res.ok or (res.image_png is None and not res.image_ref):
+        return await _error(
+            emit,
+            ApiError(
+                500,
+                f"generation {sub.id}: the image failed at level {res.level} ({res.error_type or 'error'})",
+                type="server_error",
+                code="generation_failed",
+            ),
+        )
+    # the worker's PNG (embedded), or the image it stored in the requested format
+    try:
+        data = await image_bytes(api, res, spec.output_format, spec.output_compression)
+    except ApiError as exc:  # the image store failed or lost it
+        return await _error(emit, exc)
+    await emit(
+        "image_generation.completed",
+        dump(s.ImageCompletedEvent(b64_json=base64.b64encode(data).decode("ascii"), **common)),
+    )
+    return 200
+
+
 def stream_run(api: Api, sub: Submission, spec: s.GenerationSpec) -> Callable[[Emit, asyncio.Event], Awaitable[int]]:
     """The body of ``sub``'s event stream: ``run(emit, gone)`` returns the final status."""
     dispatch = api.dispatch
@@ -59,9 +96,7 @@ def stream_run(api: Api, sub: Submission, spec: s.GenerationSpec) -> Callable[[E
         except Exception:
             return None
 
-    async def error(emit: Emit, exc: ApiError) -> int:
-        await emit("error", exc.body())
-        return exc.status
+    error = _error
 
     async def run(emit: Emit, gone: asyncio.Event) -> int:
         deadline = time.monotonic() + api.config.request_timeout_s
@@ -102,32 +137,7 @@ def stream_run(api: Api, sub: Submission, spec: s.GenerationSpec) -> Callable[[E
                         )
                         partials += 1
                 elif kind == "result":
-                    res: WorkResult = payload
-                    if res.error_type == CANCELLED:
-                        return await error(emit, cancelled(sub.id))
-                    if res.error_type == FILTERED:
-                        return await error(emit, filtered(sub.id, 0))
-                    if not res.ok or (res.image_png is None and not res.image_ref):
-                        return await error(
-                            emit,
-                            ApiError(
-                                500,
-                                f"generation {sub.id}: the image failed at level {res.level} "
-                                f"({res.error_type or 'error'})",
-                                type="server_error",
-                                code="generation_failed",
-                            ),
-                        )
-                    # the worker's PNG (embedded), or the image it stored in the requested format
-                    try:
-                        data = await image_bytes(api, res, spec.output_format, spec.output_compression)
-                    except ApiError as exc:  # the image store failed or lost it
-                        return await error(emit, exc)
-                    await emit(
-                        "image_generation.completed",
-                        dump(s.ImageCompletedEvent(b64_json=base64.b64encode(data).decode("ascii"), **common())),
-                    )
-                    return 200
+                    return await _completed(api, sub, spec, payload, emit, common())
                 elif kind == "error":
                     return await error(emit, lost(api, sub.id, payload))
         except ClientGone:
