@@ -168,39 +168,7 @@ class ApproxCacheExecutor(ModelExecutor):
         )
         seeds = seeds_of(items)
         k = self.level.skip
-        lookups: list[dict[str, Any]] = [{"lookup_s": 0.0, "fetch_s": 0.0, "hit": None, "error": None} for _ in items]
-        embeddings: np.ndarray | None = None
-        if self.cache is not None and (k > 0 or self.store_latents):
-            t0 = time.perf_counter()
-            try:
-                embeddings = self._embeddings(items)
-            except Exception as exc:
-                for entry in lookups:
-                    entry["error"] = f"prompt embedding failed: {exc}"
-                embeddings = None
-            embed_s = (time.perf_counter() - t0) / len(items)
-            for idx, entry in enumerate(lookups):
-                entry["lookup_s"] = embed_s
-                if embeddings is None or k == 0:
-                    continue
-                t1 = time.perf_counter()
-                try:
-                    hit = self.cache.lookup(embeddings[idx], k, model=self.cache_model, steps=self.level.steps)
-                except CacheUnavailable as exc:
-                    entry["error"] = str(exc) or "cache unavailable"
-                    entry["lookup_s"] += time.perf_counter() - t1
-                    self.stats["cache_errors"] += 1
-                    continue
-                elapsed = time.perf_counter() - t1
-                if hit is not None:
-                    entry["lookup_s"] += hit.lookup_s
-                    entry["fetch_s"] = hit.fetch_s
-                    if self._usable(hit, scheduler):
-                        entry["hit"] = hit
-                    else:
-                        self.stats["mismatches"] += 1
-                else:
-                    entry["lookup_s"] += elapsed
+        lookups, embeddings = self._lookups(items, k, scheduler)
         hits = [i for i, e in enumerate(lookups) if e["hit"] is not None]
         misses = [i for i, e in enumerate(lookups) if e["hit"] is None]
         results: dict[int, WorkResult] = {}
@@ -268,6 +236,48 @@ class ApproxCacheExecutor(ModelExecutor):
                     cache_error=error,
                 )
         return [results[i] for i in range(len(items))]
+
+    def _lookups(
+        self, items: Sequence[WorkItem], k: int, scheduler: str
+    ) -> tuple[list[dict[str, Any]], np.ndarray | None]:
+        """Each item's cache lookup (``lookup_s``, ``fetch_s``, the usable ``hit`` or None, an
+        ``error``) and the prompts' embeddings (None without a cache, when nothing is looked up or
+        stored, or when embedding failed). A hit that does not fit this level (``_usable``: model,
+        scheduler, steps, K, latent shape) counts as a mismatch, not a hit."""
+        lookups: list[dict[str, Any]] = [{"lookup_s": 0.0, "fetch_s": 0.0, "hit": None, "error": None} for _ in items]
+        embeddings: np.ndarray | None = None
+        if self.cache is not None and (k > 0 or self.store_latents):
+            t0 = time.perf_counter()
+            try:
+                embeddings = self._embeddings(items)
+            except Exception as exc:
+                for entry in lookups:
+                    entry["error"] = f"prompt embedding failed: {exc}"
+                embeddings = None
+            embed_s = (time.perf_counter() - t0) / len(items)
+            for idx, entry in enumerate(lookups):
+                entry["lookup_s"] = embed_s
+                if embeddings is None or k == 0:
+                    continue
+                t1 = time.perf_counter()
+                try:
+                    hit = self.cache.lookup(embeddings[idx], k, model=self.cache_model, steps=self.level.steps)
+                except CacheUnavailable as exc:
+                    entry["error"] = str(exc) or "cache unavailable"
+                    entry["lookup_s"] += time.perf_counter() - t1
+                    self.stats["cache_errors"] += 1
+                    continue
+                elapsed = time.perf_counter() - t1
+                if hit is not None:
+                    entry["lookup_s"] += hit.lookup_s
+                    entry["fetch_s"] = hit.fetch_s
+                    if self._usable(hit, scheduler):
+                        entry["hit"] = hit
+                    else:
+                        self.stats["mismatches"] += 1
+                else:
+                    entry["lookup_s"] += elapsed
+        return lookups, embeddings
 
     def _store(self, embedding: np.ndarray, latents: dict[int, Any], scheduler: str) -> str | None:
         """Store one prompt's captured latents (fp16); returns an error message instead of raising."""
