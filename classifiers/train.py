@@ -268,10 +268,9 @@ class _Fit:
         self.classifier, self.prompts, self.config = classifier, prompts, config
         self.train_rows, self.val_rows = train_rows, val_rows
         model = self.model = classifier.model
-        m = n_levels
         self.mean_head = config.mode == "head" and classifier.meta.pooling == "mean"
         self.y = torch.as_tensor(labels, dtype=torch.long)
-        weights = _class_weights(labels[train_rows], m) if config.class_weighting else np.ones(m)
+        weights = _class_weights(labels[train_rows], n_levels) if config.class_weighting else np.ones(n_levels)
         self.loss_fn = torch.nn.CrossEntropyLoss(weight=torch.as_tensor(weights, dtype=torch.float32))
         for p in model.parameters():
             p.requires_grad_(config.mode == "full")

@@ -45,7 +45,6 @@ from argusdiff.domain import (
     Assignment,
     ClusterStats,
     DeadlineVerdict,
-    Outcome,
     Plan,
     PlanTrigger,
     Request,
@@ -347,6 +346,8 @@ class LadderRouting(ArgusRouting):
     without workers is served by every worker of the ladder's model (the sibling pull,
     ``Plan.unserved_siblings``), and a cache miss has no faster level than K = 0."""
 
+    #: a ladder has no cascade: a deferral keeps the light image (``Routing.route_heavy``)
+    no_heavy_reason = "no heavy level for this light level: light image returned"
     __slots__ = ("ac_ladder", "admission", "serving", "slo_s")
 
     def __init__(
@@ -384,15 +385,6 @@ class LadderRouting(ArgusRouting):
         if not self.admission:
             return a
         return self.by_deadline(view, a, hit_ok, deadline)
-
-    def route_heavy(self, request: Request, view: RouteView) -> Assignment:
-        """A ladder has no cascade: the light image is the answer."""
-        return Assignment(
-            level=None,
-            reason="no heavy level for this light level: light image returned",
-            outcome=Outcome.KEPT,
-            cause=RouteReason.NO_HEAVY,
-        )
 
     def on_miss(self, view: RouteView, a: Assignment, hit_ok: bool, deadline: float) -> Assignment:
         """A cache miss at the drawn level (:class:`MixedLadderRouting`); here: ``a``."""

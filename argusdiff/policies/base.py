@@ -597,6 +597,8 @@ class Routing:
     ``plan()`` never touches it, so the control path may plan in another thread."""
 
     __slots__ = ()
+    #: why :meth:`route_heavy` keeps the light image (a routing that does not cascade)
+    no_heavy_reason = "the policy does not cascade: light image returned"
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"{type(self).__name__} is immutable (built once per plan)")
@@ -617,7 +619,7 @@ class Routing:
         """A cascade deferral under a routing that does not cascade: the light image is the answer."""
         return Assignment(
             level=None,
-            reason="the policy does not cascade: light image returned",
+            reason=self.no_heavy_reason,
             outcome=Outcome.KEPT,
             cause=RouteReason.NO_HEAVY,
         )

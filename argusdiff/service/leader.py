@@ -452,7 +452,7 @@ class ClusterControlLoop(ControlLoop):
                     due = now - self._membership_checked >= self.heartbeat_s
                     membership = self._membership_changed if due else _unchanged
                     next_check = await self.due_work(next_check, membership, pass_due=False)
-                    if now - self._membership_checked >= self.heartbeat_s:
+                    if due:
                         self._membership_checked = now
                 else:
                     await self._follow()
