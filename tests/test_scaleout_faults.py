@@ -25,6 +25,7 @@ import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 import pytest
@@ -47,15 +48,40 @@ class Router:
     rid: str
     port: int
     proc: subprocess.Popen
+    log: Path  # the process's stderr (its log at level warning and up)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
 
+class Tier:
+    """Starts router processes (``tier("r1", "r2")``); :meth:`logs` is what they wrote to stderr."""
+
+    def __init__(self, start) -> None:
+        self.start = start
+        self.routers: list[Router] = []
+
+    def __call__(self, *rids: str) -> list[Router]:
+        return self.start(*rids)
+
+    def logs(self, tail: int = 8000) -> str:
+        out = []
+        for r in self.routers:
+            text = r.log.read_text(errors="replace") if r.log.exists() else ""
+            out.append(f"--- router {r.rid} (pid {r.proc.pid}, exit {r.proc.poll()}) stderr ---\n{text[-tail:]}")
+        return "\n".join(out)
+
+    def explain(self, outcomes: list[Outcome], expected: int) -> str:
+        """The requests not answered ``expected``, and every router's log."""
+        odd = "\n".join(repr(o) for o in outcomes if o.status != expected)
+        return f"\n{odd}\n{self.logs()}"
+
+
 @pytest.fixture
-def tier(redis_server, worker_procs, service_env):
-    """Factory for router processes on the Redis server, and three stand-in workers."""
+def tier(redis_server, worker_procs, service_env, tmp_path):
+    """Factory for router processes on the Redis server, and three stand-in workers. Each router's
+    stderr goes to ``tmp_path/router-<id>.log`` (see :meth:`Tier.explain`)."""
     procs: list[subprocess.Popen] = []
     env = dict(os.environ)
     env.update(
@@ -71,11 +97,15 @@ def tier(redis_server, worker_procs, service_env):
         port = free_port()
         cmd = [sys.executable, "-m", "argusdiff", "serve", "--redis", redis_server.url, "--port", str(port),
                "--workers", "0", "--profile", "sm-a100", "--policy", "argus", "--log-level", "warning"]  # fmt: skip
-        proc = subprocess.Popen(
-            cmd, env={**env, "ARGUSDIFF_SERVICE__ROUTER_ID": rid}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
+        log = tmp_path / f"router-{rid}.log"
+        with log.open("wb") as err:
+            proc = subprocess.Popen(
+                cmd, env={**env, "ARGUSDIFF_SERVICE__ROUTER_ID": rid}, stdout=subprocess.DEVNULL, stderr=err
+            )
         procs.append(proc)
-        return Router(rid, port, proc)
+        made = Router(rid, port, proc, log)
+        factory.routers.append(made)
+        return made
 
     def ready(r: Router) -> bool:
         try:
@@ -88,9 +118,10 @@ def tier(redis_server, worker_procs, service_env):
         assert wait_until(lambda: all(ready(r) for r in routers), 60, 0.1), "routers did not become ready"
         return routers
 
+    factory = Tier(start)
     for i in range(3):
         worker_procs(redis_server.url, f"w{i}", scale=0.3)
-    yield start
+    yield factory
     for p in procs:
         if p.poll() is None:
             p.kill()
@@ -106,6 +137,7 @@ class Outcome:
     status: int | None = None
     transport_errors: list[str] = field(default_factory=list)
     answered_by: str | None = None
+    error: str | None = None  # the error body of an answer other than 2xx
 
 
 class Clients:
@@ -149,6 +181,8 @@ class Clients:
                 out.status = resp.status_code
                 out.gid = resp.json().get("id")
                 out.answered_by = r_.rid
+                if resp.status_code >= 300:
+                    out.error = resp.text[:500]
                 return out
         return out
 
@@ -229,7 +263,7 @@ def test_kill_the_leader_mid_load(redis_server, tier):
     outcomes = clients.run(48, rate=4.0, during=kill_when_busy)
     assert killed, "the leader never had requests in flight to lose"
     # every request answered 200, each generated exactly once
-    assert {o.status for o in outcomes} == {200}
+    assert {o.status for o in outcomes} == {200}, tier.explain(outcomes, 200)
     _assert_each_answered_once(r, outcomes)
     # clients of the dead router whose request it had accepted got that generation from the survivor
     rescued = [o for o in outcomes if o.first == leader.rid and o.transport_errors and o.answered_by == survivor.rid]
@@ -300,7 +334,8 @@ def test_restart_the_whole_router_tier_mid_load(redis_server, tier):
     assert "routers" in restarted
     new = restarted["routers"]
     async_out = holder["async"]
-    assert {o.status for o in outcomes} == {200} and {o.status for o in async_out} == {202}
+    assert {o.status for o in outcomes} == {200}, tier.explain(outcomes, 200)
+    assert {o.status for o in async_out} == {202}, tier.explain(async_out, 202)
     # every async request accepted (by the old tier or the new) completes through the new tier
     for o in async_out:
         assert wait_until(lambda o=o: _completed(new[o.i % 2], o.gid), 120, 0.2), o
