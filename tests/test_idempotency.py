@@ -164,3 +164,60 @@ def test_a_keyed_client_that_goes_away_keeps_its_work_and_its_retry_streams_it(l
     done = [e for e in events if e.type == "image_generation.completed"]
     assert len(done) == 1 and base64.b64decode(done[0].b64_json)[:4] == b"\x89PNG"
     assert router.accepted == 1  # generated once
+
+
+@pytest.mark.integration
+def test_a_replayed_wait_gets_a_result_that_arrives_while_it_reads_redis(redis_server, live_service):
+    """A retry through a new router (the router that accepted the generation was killed) waits for
+    the generation: it reads Redis for the results already there while the router's results
+    listener follows the ``done`` stream. A result that a worker finishes in the middle of that
+    read reaches the wait both ways; the wait answers with it (it once raised InvalidStateError,
+    which the handler answered 500)."""
+    from argusdiff.service import schemas as s
+    from argusdiff.service.idempotency import IdempotentSubmit
+    from argusdiff.service.transport.redis_streams import RedisWorkQueue
+    from workers.messages import WorkItem, WorkResult
+    from workers.standin import solid_png
+
+    server = live_service(service_settings(redis_url=redis_server.url, workers=0), ready=False)
+    service, dispatch = server.service, server.service.dispatch
+    loop = dispatch.loop
+
+    def on_loop(coro, timeout: float = 30):
+        return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)
+
+    # the dead router's accepted generation: its record and its one item, queued
+    gid, level = "gen-" + uuid.uuid4().hex[:24], service.router.profile.ids[0]
+    rid = f"{gid}-0"
+    record = {"id": gid, "created": 1, "request_ids": [rid], "levels": [level], "response_format": "b64_json"}
+    item = WorkItem(request_id=rid, prompt="a lighthouse", level=level, seed=1, meta={"group": gid})
+    on_loop(dispatch.aio.enqueue([item], (gid, record, 60.0), deadline=False))
+    worker = RedisWorkQueue(redis_server.url, consumer="w-test", images=dispatch.images)
+    taken = worker.get(level, timeout=5)
+    assert taken is not None and taken.request_id == rid
+
+    real = dispatch.aio.fetch_results
+    hooked: list[list[str]] = []
+
+    async def fetch_results(request_ids: list[str]):
+        if rid in request_ids and not hooked:  # the replayed wait's read: the worker finishes now
+            hooked.append(list(request_ids))
+            result = WorkResult(request_id=rid, level=level, image_png=solid_png(8, 8, (1, 2, 3)), seed=1)
+            await asyncio.to_thread(worker.result, rid, result)
+            await asyncio.to_thread(worker.ack, taken)
+            for _ in range(500):  # until the listener has delivered it (bounded)
+                if rid not in dispatch._deliveries:
+                    break
+                await asyncio.sleep(0.01)
+            assert rid not in dispatch._deliveries, "the results listener did not deliver the result"
+        return await real(request_ids)
+
+    dispatch.aio.fetch_results = fetch_results
+    idem = IdempotentSubmit(service)
+    spec = s.parse_native({"prompt": "a lighthouse", "seed": 1}, service.router.limits, None)
+    sub = on_loop(idem._replay(gid, spec))
+    assert sub is not None and sub.request_ids == (rid,)
+    results = on_loop(idem.wait(sub, 10.0))
+    assert hooked, "the replayed wait never read Redis"
+    assert [(r.request_id, r.ok) for r in results] == [(rid, True)]
+    assert results[0].image_ref  # the worker's image, in the image store (claim check)

@@ -312,7 +312,8 @@ class IdempotentSubmit:
             open_ids = [rid for rid, f in futs.items() if not f.done()]
             found = await self.dispatch.fetch_results(open_ids, sub.record_data) if open_ids else {}
             for rid, res in found.items():
-                futs[rid].set_result(res)
+                if not futs[rid].done():  # else the results listener delivered it during the read
+                    futs[rid].set_result(res)
             self.dispatch.forget(list(found))
             left = deadline - time.monotonic()
             pending = [f for f in futs.values() if not f.done()]
