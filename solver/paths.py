@@ -147,7 +147,9 @@ class UnifiedProblem:
     ``current`` maps a worker to the pool it runs now (None: idle); ``resident`` to the models
     held in its GPU memory besides that one (moving to a resident model loads nothing).
     ``levels`` is the plan's level order (default: the classes, then any path or stage level that
-    is not a class).
+    is not a class). ``current_thresholds``: the running plan's threshold per cascade path id (with
+    ``current``, what :func:`solver.unified.plan_unified` may keep; ids of no cascade path here,
+    e.g. one an ablation dropped, are ignored).
     """
 
     classes: tuple[str, ...]
@@ -161,6 +163,7 @@ class UnifiedProblem:
     resident: Mapping[str, frozenset[str]] = field(default_factory=dict)
     goodput_weight: float = 0.0  # value of a request in its SLO, added to its quality
     levels: tuple[str, ...] = ()
+    current_thresholds: Mapping[str, float] = field(default_factory=dict)
 
     def plan_levels(self) -> tuple[str, ...]:
         if self.levels:
@@ -317,6 +320,7 @@ def problem_from_profile(
     affinity: Mapping[str, float] | Sequence[float] | None = None,
     current: Mapping[str, str | None] | None = None,
     resident: Mapping[str, Iterable[str]] | None = None,
+    current_thresholds: Mapping[str, float] | None = None,
     tiers: Sequence[TierSpec] | None = None,
     hit_rate: float | Mapping[str, float] = 1.0,
     class_quality: Sequence[Sequence[float]] | None = None,
@@ -343,7 +347,8 @@ def problem_from_profile(
       images' quality it implies; else the light level's quality (an uninformed discriminator).
     * ``hit_rate``: cache hit rate of the AC levels with K > 0 (one number or per level id).
     * Pools are models; ``current`` maps workers to level ids (mapped to their model's pool);
-      ``resident``: models held besides the current one.
+      ``resident``: models held besides the current one; ``current_thresholds``: the running
+      plan's thresholds (``Plan.thresholds``).
     * ``tiers``: default one ``standard`` tier with the profile's default SLO and ``headroom``.
     """
     stages = _StageMaker.of(profile, class_quality, batch_sizes)
@@ -369,6 +374,7 @@ def problem_from_profile(
         resident=res,
         goodput_weight=goodput_weight,
         levels=profile.ids,
+        current_thresholds=dict(current_thresholds or {}),
     )
 
 

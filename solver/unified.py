@@ -47,6 +47,10 @@ current pool and resident set to pools) with the thresholds of the first pass. W
 runs a pool, the plan that moves none (the current counts) is tried first as an LP: when it reaches
 the tolerance it is the pass's optimum and no MILP is solved.
 
+The running plan kept (``current_thresholds`` with every worker running a pool): when its LP
+reaches ``switch_tolerance`` below the value MILP's LP relaxation (an upper bound of every plan's
+value), it is the answer and neither pass runs (:func:`solver.unified_switch.keep_current`).
+
 The modules, by concern: :mod:`solver.unified_model` (paths compiled to arrays, the LP/MILP
 matrices), :mod:`solver.unified_demand` (the demand planned in overload), :mod:`solver.unified_search`
 (the branch and bound and the MILP), :mod:`solver.unified_switch` (the switch-cost pass and where
@@ -75,7 +79,7 @@ from solver.unified_demand import PlannedDemand, planned_demand
 from solver.unified_model import Compiled, Model, base_demand, cheapest, compile_paths, throughput_solution
 from solver.unified_result import Outcome, UnifiedPlan, assemble
 from solver.unified_search import DEFAULT_GAP, EXACT_NODE_LIMIT, SolveOptions, solve_value
-from solver.unified_switch import place_workers, switch_pass, worker_groups
+from solver.unified_switch import keep_current, place_workers, switch_pass, worker_groups
 
 __all__ = ["DEFAULT_GAP", "FORMULATIONS", "UnifiedPlan", "plan_unified", "restrict"]
 
@@ -91,6 +95,24 @@ def _second_pass(problem, m, sol, wg, opts, notes, used_backend):
     if problem.current and used_backend != "fallback" and wg.cost.any():
         return switch_pass(problem, m, sol, wg, opts, notes)
     return None
+
+
+def _solve_passes(problem, m, wg, var, opts, notes):
+    """The value pass (the maximum-throughput plan when every solver fails), then the switch-cost
+    pass: (solution, switch pass or None, backend, search nodes)."""
+    first = solve_value(m, opts, notes)
+    sol, used_backend, nodes = first.solution, first.backend, first.nodes
+    if sol is None:  # the maximum-throughput plan: every class on its cheapest option
+        sol = throughput_solution(m, var)
+        used_backend = "fallback"
+        if not any(n.startswith("exact search") or "maximum-throughput" in n for n in notes):
+            notes.append("no plan found by the solver; using the maximum-throughput plan")
+    pass2 = _second_pass(problem, m, sol, wg, opts, notes, used_backend)
+    if pass2 is not None:
+        nodes += pass2.nodes
+        if pass2.backend and pass2.backend != used_backend:
+            used_backend = f"{used_backend}+{pass2.backend}"
+    return sol, pass2, used_backend, nodes
 
 
 def plan_unified(
@@ -162,19 +184,13 @@ def plan_unified(
         )
         return assemble(problem, comp, empty, t0)
     m, lp_members = _model(prob_eff, comp, Z, d, W, pd)
-    first = solve_value(m, opts, notes)
-    sol, used_backend, nodes = first.solution, first.backend, first.nodes
-    if sol is None:  # the maximum-throughput plan: every class on its cheapest option
-        sol = throughput_solution(m, var)
-        used_backend = "fallback"
-        if not any(n.startswith("exact search") or "maximum-throughput" in n for n in notes):
-            notes.append("no plan found by the solver; using the maximum-throughput plan")
     wg = worker_groups(problem, comp.pools, comp.pidx)
-    pass2 = _second_pass(problem, m, sol, wg, opts, notes, used_backend)
-    if pass2 is not None:
-        nodes += pass2.nodes
-        if pass2.backend and pass2.backend != used_backend:
-            used_backend = f"{used_backend}+{pass2.backend}"
+    kept = keep_current(problem, m, wg, opts) if problem.current and wg.cost.any() else None
+    if kept is not None:
+        (sol, pass2), used_backend, nodes = kept, "kept", 0
+        notes.append(f"running plan kept: within {100 * opts.switch_tolerance:g}% of the best plan's bound")
+    else:
+        sol, pass2, used_backend, nodes = _solve_passes(problem, m, wg, var, opts, notes)
     placed = place_workers(problem, m, wg, sol, pass2, var, notes)
     out = Outcome(
         Z=Z,

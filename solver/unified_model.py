@@ -408,7 +408,8 @@ def build(
 ) -> LpMatrices:
     """The model's matrices. Columns: n (M), then x for the (z, position) pairs of ``mask`` (all
     by default). ``mode="value"``: maximise Σ v·x (with ``binaries``, one binary per cascade
-    threshold: the MILP). ``mode="switch"``: maximise minus the switch cost of moving worker groups
+    threshold: the MILP). ``mode="bound"``: maximise Σ v·x without the tie-breaks (solved as an LP,
+    an upper bound of every plan's value). ``mode="switch"``: maximise minus the switch cost of moving worker groups
     (``cost``: groups x pools, ``sizes``) subject to Σ v·x >= ``threshold`` and every worker placed."""
     Z, M = len(m.Z), len(m.pools)
     off, gk_g, gk_k, Kt = positions(m)
@@ -448,6 +449,8 @@ def build(
     if mode == "value":
         c[:M] = -1e-9 * m.vscale  # the fewest workers the loads need (spare ones are placed after)
         c[xcols] = xc[zz, jj]
+    elif mode == "bound":
+        c[xcols] = Vx[zz, jj]
     if binaries:
         _threshold_rows(rows, m, lay, casc)
     if mode == "switch":

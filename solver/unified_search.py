@@ -423,6 +423,25 @@ def milp_value(m: Model, backend: str, time_limit_s: float) -> tuple[Solution | 
     return extract(m, lay, x, ks, float(res.objective)), res.backend, res.status
 
 
+def value_bound(m: Model) -> float | None:
+    """An upper bound of the value (Σ v·x, no tie-breaks) of every plan of ``m``: the value MILP's
+    LP relaxation (worker counts continuous, and traffic free to mix a cascade's thresholds, which
+    is what the MILP's threshold binaries allow once relaxed). None when the LP fails."""
+    lp = build(m, mode="bound")
+    res = backends.solve_milp(
+        lp.c,
+        lp.A,
+        lp.row_lo,
+        lp.row_hi,
+        lp.col_lo,
+        lp.col_hi,
+        np.zeros(len(lp.c), dtype=bool),
+        sense="max",
+        backend="highs",
+    )
+    return float(res.objective) if res.status == "optimal" and res.objective is not None else None
+
+
 def milp_switch(
     m: Model, ks: Sequence[int], cost: np.ndarray, sizes: Sequence[int], threshold: float, backend: str, tl: float
 ) -> tuple[Solution | None, str]:

@@ -22,7 +22,7 @@ from solver.unified_model import (
     pool_loads,
     throughput_solution,
 )
-from solver.unified_search import Search, SolveOptions, milp_switch
+from solver.unified_search import Search, SolveOptions, milp_switch, value_bound
 
 
 def worker_groups(problem: UnifiedProblem, pools: list[str], pidx: dict[str, int]) -> WorkerGroups:
@@ -143,6 +143,60 @@ class Placement:
     moved: int
 
 
+def current_counts(problem: UnifiedProblem, m: Model) -> np.ndarray:
+    """Workers per pool in the running plan."""
+    cur = np.zeros(len(m.pools), dtype=np.int64)
+    for w in problem.workers:
+        pool = problem.current.get(w)
+        if pool is not None:
+            cur[m.pidx[pool]] += 1
+    return cur
+
+
+def current_ks(problem: UnifiedProblem, m: Model) -> list[int] | None:
+    """Each group's variant in the running plan: its cascade's current threshold among the group's
+    surviving variants (a direct path has one). None when a cascade has no current threshold, or
+    one that is not among them."""
+    ks = []
+    for grp in m.groups:
+        if grp.V == 1:
+            ks.append(0)
+            continue
+        t = problem.current_thresholds.get(grp.path.id)
+        grid = [grp.path.thresholds[v] for v in grp.variants]
+        if t is None or t not in grid:
+            return None
+        ks.append(grid.index(t))
+    return ks
+
+
+def keep_current(
+    problem: UnifiedProblem, m: Model, wg: WorkerGroups, opts: SolveOptions
+) -> tuple[Solution, SwitchPass] | None:
+    """The running plan (its worker counts and thresholds, the flows re-planned for this demand),
+    kept without the value MILP when it is provably good enough: every worker runs a pool, and its
+    value is within ``switch_tolerance`` of an upper bound of every plan's value (the value MILP's
+    LP relaxation, :func:`solver.unified_search.value_bound`). The value MILP's plan is worth at
+    most that bound, so the switch pass would accept these counts too (they move no worker); the
+    two differ only in the thresholds, each within the tolerance. None when the test fails (the
+    value MILP and the switch pass run as usual)."""
+    cur = current_counts(problem, m)
+    ks = current_ks(problem, m) if int(cur.sum()) == m.W else None
+    if ks is None:
+        return None
+    bound = value_bound(m)
+    if bound is None:
+        return None
+    thr = bound - max(opts.switch_tolerance * abs(bound), 1e-7 * abs(bound) + 1e-9)
+    got = Search(m, mode="switch", fixed=ks, cost=wg.cost, sizes=wg.sizes, threshold=thr).evaluate(cur, ks)
+    if got is None or got.t is None:
+        return None
+    loads = pool_loads(m, got.x, ks)
+    if (got.n < need(loads)).any() or (got.t.sum(axis=0) != got.n).any():  # pragma: no cover
+        return None
+    return got, SwitchPass(got.x, got.n, got.t, loads, 0, "")
+
+
 def switch_pass(
     problem: UnifiedProblem, m: Model, first: Solution, wg: WorkerGroups, opts: SolveOptions, notes: list[str]
 ) -> SwitchPass:
@@ -154,11 +208,7 @@ def switch_pass(
     # Σ v·x in the order of a sum over z, then g (the products at once, added in that order)
     terms = m.val[:, np.arange(len(m.groups)), np.asarray(ks, dtype=np.int64)] * flows
     value = float(sum(terms.ravel().tolist()))
-    cur_counts = np.zeros(len(m.pools), dtype=np.int64)
-    for w in problem.workers:
-        pool = problem.current.get(w)
-        if pool is not None:
-            cur_counts[m.pidx[pool]] += 1
+    cur_counts = current_counts(problem, m)
     thr = value - max(opts.switch_tolerance * abs(value), 1e-7 * abs(value) + 1e-9)
     start = keep_in_place(n, cur_counts, loads, m.W, best_pool(m))
     nodes = 0

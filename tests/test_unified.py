@@ -662,6 +662,70 @@ def test_a_class_the_cascade_defers_entirely_is_worth_nothing_there():
     assert np.all(group.val[:, :, [j for j, v in enumerate(group.variants) if v == 0]] > 0.0)
 
 
+@settings(max_examples=max(1, EXAMPLES * 2 // 3), **SETTINGS)
+@given(problems())
+def test_a_kept_plan_is_within_the_tolerance_of_the_best(p):
+    """Re-planning with the running plan's counts and thresholds: whether the planner keeps it (no
+    value MILP) or solves anew, the plan's value is within the switch tolerance of the best plan's;
+    a kept plan moves nobody and keeps the thresholds."""
+    first = plan_unified(dataclasses.replace(p, current={}, resident={}))
+    if not all(first.assignment.get(w) for w in p.workers):
+        return  # a worker left idle: no running plan on every worker to keep
+    demand = p.demand_qpm * 1.1
+    best = plan_unified(dataclasses.replace(p, current={}, resident={}, demand_qpm=demand), gap=0.0)
+    running = dataclasses.replace(
+        p, current=dict(first.assignment), current_thresholds=dict(first.thresholds), demand_qpm=demand
+    )
+    for formulation in FORMULATIONS:
+        again = plan_unified(running, formulation=formulation, switch_tolerance=0.02)
+        check_feasible(running, again)
+        assert again.objective >= best.objective * (1 - 0.02) - 1e-6 * max(1.0, abs(best.objective))
+        if again.backend == "kept":
+            assert again.moved_workers == 0 and dict(again.assignment) == dict(first.assignment)
+            assert dict(again.thresholds) == dict(first.thresholds)
+
+
+def _running_unified_a100(demand: float, then: float, **kw):
+    """unified-a100 on 8 workers planned cold for ``demand``, then the problem of ``then`` QPM with
+    that plan running (its models and thresholds)."""
+    from solver.paths import problem_from_profile, ranked_deferral
+
+    profile = load_profile("unified-a100")
+    specs = list(profile.cascade_specs)
+    workers = [f"w{i}" for i in range(8)]
+    args = dict(cascades=specs, cascade_tables=ranked_deferral(profile, specs))
+    first = plan_unified(problem_from_profile(profile, workers, demand, **args), formulation="milp")
+    current = {w: next(lv.id for lv in profile.levels if lv.model == pool) for w, pool in first.assignment.items()}
+    problem = problem_from_profile(profile, workers, then, current=current, **args, **kw)
+    return first, problem
+
+
+def test_the_running_plan_is_kept_without_a_value_milp(monkeypatch):
+    """Demand moved a little: the running plan's LP is within the tolerance of the LP relaxation's
+    bound, so no value MILP is solved and the plan moves no worker and keeps its thresholds. Without
+    the running thresholds, or at a demand the running counts cannot carry, the MILP runs."""
+    from solver import unified
+
+    first, _ = _running_unified_a100(60.0, 66.0)
+    _, problem = _running_unified_a100(60.0, 66.0, current_thresholds=dict(first.thresholds))
+    solves = []
+    real = unified.solve_value
+    monkeypatch.setattr(unified, "solve_value", lambda *a: solves.append(1) or real(*a))
+    kept = plan_unified(problem, formulation="milp", switch_tolerance=0.02)
+    assert not solves and kept.backend == "kept"
+    assert kept.moved_workers == 0 and dict(kept.thresholds) == dict(first.thresholds)
+    assert any("running plan kept" in n for n in kept.notes)
+    fresh = plan_unified(dataclasses.replace(problem, current={}, resident={}), formulation="milp")
+    assert kept.objective >= fresh.objective * (1 - 0.02)
+
+    no_thresholds = plan_unified(dataclasses.replace(problem, current_thresholds={}), formulation="milp")
+    assert solves and no_thresholds.backend != "kept"
+    solves.clear()
+    _, busy = _running_unified_a100(60.0, 400.0, current_thresholds=dict(first.thresholds))
+    moved = plan_unified(busy, formulation="milp", switch_tolerance=0.02)
+    assert solves and moved.backend != "kept"
+
+
 def test_a_switch_pass_that_moves_no_worker_needs_no_milp(monkeypatch):
     """When every worker runs a pool and the plan that moves none is within the tolerance, the
     switch-cost pass answers with that plan's LP (the LP that polishes the MILP's answer) and

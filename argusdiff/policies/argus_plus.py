@@ -214,6 +214,7 @@ class ArgusPlus(Argus, name="argus+", family="ac"):
             tier_deadline=self.options.tier_slo or DEFAULT_TIER_DEADLINE,
             hit_rate=hit_rate,
             version=self.next_version(),
+            current_thresholds=self._last_plan.thresholds if self._last_plan is not None else None,
         )
 
     def demand_qpm(self, stats: ClusterStats) -> float:

@@ -180,12 +180,15 @@ def unified_plan(
     tier_deadline: Mapping[str, float],
     hit_rate: float,
     version: int,
+    current_thresholds: Mapping[str, float] | None = None,
 ) -> Plan:
     """The unified plan of ``profile`` (a profile with several kinds of path) for ``stats``, made
     with ``options`` for the policy named ``policy``: ``margin`` is the predictor's burst headroom
     on every tier, ``slo_s`` the SLO of untiered requests, ``demand`` the demand to plan for (QPM,
     before the margin), ``affinity`` the shares of H, ``tiers`` the tier mix, ``tier_deadline`` the
-    tiers' deadline multipliers, ``hit_rate`` the cache hit rate an AC path plans with."""
+    tiers' deadline multipliers, ``hit_rate`` the cache hit rate an AC path plans with,
+    ``current_thresholds`` the running plan's cascade thresholds (``Plan.thresholds``: with the
+    workers' current models, a plan the planner may keep, :func:`solver.unified.plan_unified`)."""
 
     o = options
     margin = float(margin)
@@ -214,6 +217,7 @@ def unified_plan(
         affinity=affinity,
         current=current,
         resident=resident,
+        current_thresholds=current_thresholds,
         tiers=tier_specs,
         hit_rate=hit_rate,
         class_quality=o.class_quality,
