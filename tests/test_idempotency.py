@@ -221,3 +221,56 @@ def test_a_replayed_wait_gets_a_result_that_arrives_while_it_reads_redis(redis_s
     assert hooked, "the replayed wait never read Redis"
     assert [(r.request_id, r.ok) for r in results] == [(rid, True)]
     assert results[0].image_ref  # the worker's image, in the image store (claim check)
+
+
+@pytest.mark.integration
+def test_a_replayed_wait_outlasts_a_redis_outage(redis_server, live_service):
+    """A retried request waits for its accepted generation; Redis goes away meanwhile. The wait's
+    reads of Redis fail, and it goes on waiting (the work is accepted and stays queued): when Redis
+    is back and the worker finishes, the wait answers with the result (it once ended with the
+    read's QueueUnavailable, which the handler answered 500)."""
+    from argusdiff.service import schemas as s
+    from argusdiff.service.errors import QueueUnavailable
+    from argusdiff.service.idempotency import IdempotentSubmit
+    from argusdiff.service.transport.redis_streams import RedisWorkQueue
+    from workers.messages import WorkItem, WorkResult
+    from workers.standin import solid_png
+
+    server = live_service(service_settings(redis_url=redis_server.url, workers=0), ready=False)
+    service, dispatch = server.service, server.service.dispatch
+
+    def on_loop(coro):
+        return asyncio.run_coroutine_threadsafe(coro, dispatch.loop)
+
+    gid, level = "gen-" + uuid.uuid4().hex[:24], service.router.profile.ids[0]
+    rid = f"{gid}-0"
+    record = {"id": gid, "created": 1, "request_ids": [rid], "levels": [level], "response_format": "b64_json"}
+    item = WorkItem(request_id=rid, prompt="a lighthouse", level=level, seed=1, meta={"group": gid})
+    on_loop(dispatch.aio.enqueue([item], (gid, record, 60.0), deadline=False)).result(30)
+    idem = IdempotentSubmit(service)
+    spec = s.parse_native({"prompt": "a lighthouse", "seed": 1}, service.router.limits, None)
+    sub = on_loop(idem._replay(gid, spec)).result(30)
+    assert sub is not None
+
+    real, failed = dispatch.fetch_results, []
+
+    async def fetch_results(request_ids, record=None):  # counts the reads Redis failed
+        try:
+            return await real(request_ids, record)
+        except QueueUnavailable:
+            failed.append(list(request_ids))
+            raise
+
+    dispatch.fetch_results = fetch_results
+    waiting = on_loop(idem.wait(sub, 60.0))
+    redis_server.stop()
+    assert wait_until(lambda: failed or waiting.done(), 30), "the wait never read Redis during the outage"
+    assert not waiting.done(), waiting.exception()
+    redis_server.start()  # same port; AOF kept the record and the queued item
+    worker = RedisWorkQueue(redis_server.url, consumer="w-test", images=dispatch.images)
+    taken = worker.get(level, timeout=5)
+    assert taken is not None and taken.request_id == rid
+    worker.result(rid, WorkResult(request_id=rid, level=level, image_png=solid_png(8, 8, (1, 2, 3)), seed=1))
+    worker.ack(taken)
+    results = waiting.result(30)
+    assert [(r.request_id, r.ok) for r in results] == [(rid, True)] and results[0].image_ref

@@ -110,6 +110,9 @@ def test_redis_outage_gives_503_and_loses_nothing(redis_server, live_service, wo
     assert 503 in statuses and all(s in (202, 503) for s in statuses)
     # a 202 during the outage would be a request accepted without being stored: there must be none
     assert 202 not in statuses
+    # reading an accepted generation during the outage: 503 with Retry-After as well, never a 500
+    r = httpx.get(f"{url}/{accepted[0]}", timeout=10)
+    assert r.status_code == 503 and r.headers["retry-after"].isdigit(), r.text
     assert httpx.get(f"{server.url}/readyz").status_code == 503
     redis_server.start()  # same port, AOF restores the streams
     assert wait_until(lambda: httpx.get(f"{server.url}/readyz").status_code == 200, 30, 0.1)

@@ -42,7 +42,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from argusdiff.service.errors import ApiError
+from argusdiff.service.errors import ApiError, QueueUnavailable
 from argusdiff.service.router import Submission
 from argusdiff.service.transport.guard import EnqueueGuard, IdempotencyConflict, current_guard, guarding
 
@@ -162,13 +162,18 @@ class IdempotentSubmit:
         try:
             return await asyncio.to_thread(fn, *args, **kwargs)
         except Exception as exc:
-            raise ApiError(
-                503,
-                "the idempotency store (redis) is unavailable; the request was not accepted, retry shortly",
-                type="server_busy",
-                code="queue_unavailable",
-                headers={"Retry-After": str(self.service.config.retry_after_s)},
-            ) from exc
+            raise self._unavailable() from exc
+
+    def _unavailable(self) -> ApiError:
+        """The 503 of a key or record Redis could not answer for: nothing new was accepted, and a
+        retry with the same key finds the generation its first attempt started, if any."""
+        return ApiError(
+            503,
+            f"the idempotency store (redis) is unavailable; retry shortly with the same {HEADER}",
+            type="server_busy",
+            code="queue_unavailable",
+            headers={"Retry-After": str(self.service.config.retry_after_s)},
+        )
 
     async def _reserve(self, key: str, value: dict) -> str | None:
         """Our reservation's stored text when we got the key, else None."""
@@ -284,7 +289,10 @@ class IdempotentSubmit:
         return isinstance(sub, Replayed) or sub.id in self._keyed
 
     async def _replay(self, gid: str, spec: Any) -> Replayed | None:
-        record = await self.dispatch.get_record(gid)
+        try:
+            record = await self.dispatch.get_record(gid)
+        except QueueUnavailable as exc:
+            raise self._unavailable() from exc
         if record is None:
             return None
         self.replays += 1
@@ -310,7 +318,10 @@ class IdempotentSubmit:
         deadline = time.monotonic() + timeout
         while True:
             open_ids = [rid for rid, f in futs.items() if not f.done()]
-            found = await self.dispatch.fetch_results(open_ids, sub.record_data) if open_ids else {}
+            try:
+                found = await self.dispatch.fetch_results(open_ids, sub.record_data) if open_ids else {}
+            except QueueUnavailable:  # the work stays accepted: its result comes later, or the next read finds it
+                found = {}
             for rid, res in found.items():
                 if not futs[rid].done():  # else the results listener delivered it during the read
                     futs[rid].set_result(res)
@@ -331,7 +342,10 @@ class IdempotentSubmit:
             return
         rid = sub.request_ids[0]
         events = self.dispatch.events(rid)
-        found = await self.dispatch.fetch_results([rid], sub.record_data)
+        try:
+            found = await self.dispatch.fetch_results([rid], sub.record_data)
+        except QueueUnavailable as exc:
+            raise self._unavailable() from exc
         res = found.get(rid)
         if res is None:
             return  # still running: its result comes to the stream as for the first attempt

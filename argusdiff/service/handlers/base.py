@@ -22,7 +22,7 @@ from argusdiff.domain import Tier
 from argusdiff.service import schemas as s
 from argusdiff.service.app import Service
 from argusdiff.service.dispatch import Dispatch
-from argusdiff.service.errors import ApiError, error_body
+from argusdiff.service.errors import ApiError, QueueUnavailable, error_body
 from argusdiff.service.idempotency import IdempotentSubmit
 from argusdiff.service.metrics import ServiceMetrics
 from argusdiff.service.quotas import Quotas
@@ -283,7 +283,9 @@ class Api:
             raise ClientGone from None
 
     def endpoint(self, name: str, handler: Handler) -> Handler:
-        """``handler`` with its errors as JSON bodies and every response counted under ``name``."""
+        """``handler`` with its errors as JSON bodies and every response counted under ``name``. A
+        :class:`QueueUnavailable` that reaches here (a read of a record or a result while Redis is
+        down; an enqueue's is answered by the router) is the 503 of a queue that is down."""
         metrics = self.metrics
 
         async def wrapped(request: Request) -> Response:
@@ -291,6 +293,10 @@ class Api:
                 response = await handler(request)
             except ApiError as exc:
                 response = error_response(exc)
+            except QueueUnavailable as exc:  # a read Redis did not answer: nothing accepted or lost here
+                log.warning("%s: the work queue is unavailable: %s", name, exc)
+                busy = self.busy("the work queue (redis) is unavailable; retry shortly", "queue_unavailable")
+                response = error_response(busy)
             except ClientGone:
                 log.info("%s: the client went away (499)", name)
                 metrics.http.labels(name, str(CLIENT_CLOSED)).inc()
