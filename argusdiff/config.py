@@ -145,6 +145,10 @@ class CacheConfig(_Section):
     )
     byte_budget_mb: float | None = Field(None, gt=0, description="blob MiB kept before LCBFU eviction; unset: no limit")
     max_latents: int | None = Field(None, ge=1, description="latents kept before LCBFU eviction; unset: no limit")
+    # 1 s: a hit of sdxl-ac-a100 saves 0.08 s a step (ARGUS §5.1: 4.2 s over N = 50), 0.4 s at
+    # K = 5 up to 2 s at K = 25, so a 1 s call already costs more than a K = 5 or 10 hit saves and
+    # the store counts as failing (ARGUS §4.6: the router switches AC -> SM). A healthy store
+    # answers in milliseconds (docs/cache.md)
     timeout_s: float | None = Field(
         1.0, gt=0, description="index/store call timeout; exceeding it raises CacheUnavailable (router: AC -> SM)"
     )
