@@ -6,6 +6,7 @@ and moves the fewest workers weighted by model load time, and the worker → poo
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -175,22 +176,31 @@ def keep_current(
 ) -> tuple[Solution, SwitchPass] | None:
     """The running plan (its worker counts and thresholds, the flows re-planned for this demand),
     kept without the value MILP when it is provably good enough: every worker runs a pool, and its
-    value is within ``switch_tolerance`` of an upper bound of every plan's value (the value MILP's
-    LP relaxation, :func:`solver.unified_search.value_bound`). The value MILP's plan is worth at
-    most that bound, so the switch pass would accept these counts too (they move no worker); the
-    two differ only in the thresholds, each within the tolerance. None when the test fails (the
-    value MILP and the switch pass run as usual)."""
+    value is within ``switch_tolerance`` of an upper bound of every plan's value. The value MILP's
+    plan is worth at most that bound, so the switch pass would accept these counts too (they move
+    no worker); the two differ only in the thresholds, each within the tolerance. The bound is first
+    the value of every request on its best path (no LP: capacity to spare is the common case), then
+    the value MILP's LP relaxation (:func:`solver.unified_search.value_bound`), the tighter; the
+    first bound is never below the second, so taking it first keeps the same plans. None when the
+    test fails (the value MILP and the switch pass run as usual)."""
     cur = current_counts(problem, m)
     ks = current_ks(problem, m) if int(cur.sum()) == m.W else None
     if ks is None:
         return None
-    bound = value_bound(m)
-    if bound is None:
-        return None
-    thr = bound - max(opts.switch_tolerance * abs(bound), 1e-7 * abs(bound) + 1e-9)
-    got = Search(m, mode="switch", fixed=ks, cost=wg.cost, sizes=wg.sizes, threshold=thr).evaluate(cur, ks)
+    # the running plan's LP: counts and thresholds fixed, its flows of the most value
+    got = Search(m, mode="switch", fixed=ks, cost=wg.cost, sizes=wg.sizes, threshold=-math.inf).evaluate(cur, ks)
     if got is None or got.t is None:
         return None
+    value = float((m.val[:, np.arange(len(m.groups)), np.asarray(ks, dtype=np.int64)] * got.x).sum())
+
+    def within(bound: float) -> bool:
+        return value >= bound - max(opts.switch_tolerance * abs(bound), 1e-7 * abs(bound) + 1e-9)
+
+    every_best = float(m.d @ np.maximum(m.val.reshape(len(m.Z), -1).max(axis=1, initial=0.0), 0.0))
+    if not within(every_best):
+        bound = value_bound(m)
+        if bound is None or not within(bound):
+            return None
     loads = pool_loads(m, got.x, ks)
     if (got.n < need(loads)).any() or (got.t.sum(axis=0) != got.n).any():  # pragma: no cover
         return None

@@ -706,17 +706,29 @@ def test_the_running_plan_is_kept_without_a_value_milp(monkeypatch):
     the running thresholds, or at a demand the running counts cannot carry, the MILP runs."""
     from solver import unified
 
+    from solver import unified_switch
+
     first, _ = _running_unified_a100(60.0, 66.0)
     _, problem = _running_unified_a100(60.0, 66.0, current_thresholds=dict(first.thresholds))
-    solves = []
+    solves, bounds = [], []
     real = unified.solve_value
     monkeypatch.setattr(unified, "solve_value", lambda *a: solves.append(1) or real(*a))
+    real_bound = unified_switch.value_bound
+    monkeypatch.setattr(unified_switch, "value_bound", lambda m: bounds.append(1) or real_bound(m))
     kept = plan_unified(problem, formulation="milp", switch_tolerance=0.02)
-    assert not solves and kept.backend == "kept"
+    # capacity to spare: every request on its best path bounds the value, no LP relaxation needed
+    assert not solves and not bounds and kept.backend == "kept"
     assert kept.moved_workers == 0 and dict(kept.thresholds) == dict(first.thresholds)
     assert any("running plan kept" in n for n in kept.notes)
     fresh = plan_unified(dataclasses.replace(problem, current={}, resident={}), formulation="milp")
     assert kept.objective >= fresh.objective * (1 - 0.02)
+
+    # capacity short: the running plan is kept on the LP relaxation's bound
+    first_busy, _ = _running_unified_a100(600.0, 630.0)
+    _, busy_running = _running_unified_a100(600.0, 630.0, current_thresholds=dict(first_busy.thresholds))
+    solves.clear()
+    on_bound = plan_unified(busy_running, formulation="milp", switch_tolerance=0.02)
+    assert bounds and on_bound.backend == "kept" and not solves
 
     no_thresholds = plan_unified(dataclasses.replace(problem, current_thresholds={}), formulation="milp")
     assert solves and no_thresholds.backend != "kept"
