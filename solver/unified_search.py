@@ -9,7 +9,7 @@ import heapq
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -20,6 +20,7 @@ from solver.unified_model import LpMatrices, Model, Solution, build, dominated, 
 EXACT_NODE_LIMIT = 20_000
 DEFAULT_GAP = 1e-4  # relative: HiGHS's mip_rel_gap and Gurobi's MIPGap default
 COLGEN_START = 4
+LP_TIME_LIMIT_S = 5.0  # the value bound's LP (solve_milp's default limit; it takes about a millisecond)
 SWITCH_ABS_TOL = 1.0  # switch-cost units (one moved worker): below this, plans are not told apart
 #: Gurobi's parameters for the value pass's MILP: no presolve, cuts or heuristics. The models are
 #: small (tens of rows, a few hundred columns, a few integers); on the 800-minute diagonal's value
@@ -428,17 +429,7 @@ def value_bound(m: Model) -> float | None:
     LP relaxation (worker counts continuous, and traffic free to mix a cascade's thresholds, which
     is what the MILP's threshold binaries allow once relaxed). None when the LP fails."""
     lp = build(m, mode="bound")
-    res = backends.solve_milp(
-        lp.c,
-        lp.A,
-        lp.row_lo,
-        lp.row_hi,
-        lp.col_lo,
-        lp.col_hi,
-        np.zeros(len(lp.c), dtype=bool),
-        sense="max",
-        backend="highs",
-    )
+    res = _solve(replace(lp, integrality=np.zeros(len(lp.c), dtype=bool)), "highs", LP_TIME_LIMIT_S)
     return float(res.objective) if res.status == "optimal" and res.objective is not None else None
 
 
