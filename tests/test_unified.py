@@ -704,9 +704,7 @@ def test_the_running_plan_is_kept_without_a_value_milp(monkeypatch):
     """Demand moved a little: the running plan's LP is within the tolerance of the LP relaxation's
     bound, so no value MILP is solved and the plan moves no worker and keeps its thresholds. Without
     the running thresholds, or at a demand the running counts cannot carry, the MILP runs."""
-    from solver import unified
-
-    from solver import unified_switch
+    from solver import unified, unified_switch
 
     first, _ = _running_unified_a100(60.0, 66.0)
     _, problem = _running_unified_a100(60.0, 66.0, current_thresholds=dict(first.thresholds))
