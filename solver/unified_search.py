@@ -15,7 +15,18 @@ import numpy as np
 
 from solver import backends
 from solver.bnb import WarmLP
-from solver.unified_model import LpMatrices, Model, Solution, build, dominated, extract, fixed_mask, positions, xdata
+from solver.unified_model import (
+    SEC,
+    LpMatrices,
+    Model,
+    Solution,
+    build,
+    dominated,
+    extract,
+    fixed_mask,
+    positions,
+    xdata,
+)
 
 EXACT_NODE_LIMIT = 20_000
 DEFAULT_GAP = 1e-4  # relative: HiGHS's mip_rel_gap and Gurobi's MIPGap default
@@ -431,6 +442,38 @@ def value_bound(m: Model) -> float | None:
     lp = build(m, mode="bound")
     res = _solve(replace(lp, integrality=np.zeros(len(lp.c), dtype=bool)), "highs", LP_TIME_LIMIT_S)
     return float(res.objective) if res.status == "optimal" and res.objective is not None else None
+
+
+def dual_bound(m: Model, points: int = 33) -> float:
+    """An upper bound of every plan's value of ``m`` without an LP, never below :func:`value_bound`:
+    with worker counts continuous the pools' rows and the workers' row add up to one (the work of
+    every flow <= 60 s x W), and for any price λ >= 0 of that work, Σ_z d_z max(0, max_j v_zj - λ
+    u_zj) + λ 60 W bounds the value (weak duality of that one row; in overload, where a class may
+    be served in part, each class's term is at least 0). Minimised over a grid of prices, then a finer grid
+    around the best one; λ = 0 is every request on its best path."""
+    Zn = len(m.Z)
+    work = m.use.sum(axis=2).reshape(Zn, -1)
+    ok = np.isfinite(work)
+    work = np.where(ok, work, 0.0)
+    vals = np.where(ok, m.val.reshape(Zn, -1), -np.inf)
+    cap = SEC * m.W
+    ratio = np.where(ok & (work > 0), np.maximum(vals, 0.0) / np.where(work > 0, work, 1.0), 0.0)
+    top = float(ratio.max(initial=0.0))
+
+    served_all = m.part_lo is None  # every request is routed: no clamp at 0 (a tighter bound)
+
+    def bounds(lams: np.ndarray) -> np.ndarray:
+        best = (vals[None] - lams[:, None, None] * work[None]).max(axis=2)  # K x Z
+        return (best if served_all else np.maximum(best, 0.0)) @ m.d + lams * cap
+
+    if top <= 0:
+        return float(bounds(np.zeros(1))[0])
+    lams = np.concatenate([[0.0], top * np.exp2(-np.linspace(0.0, 16.0, points))[::-1]])
+    got = bounds(lams)
+    i = int(np.argmin(got))
+    lo, hi = lams[max(i - 1, 0)], lams[min(i + 1, len(lams) - 1)]
+    fine = np.linspace(lo, hi, points)
+    return float(min(got[i], bounds(fine).min()))
 
 
 def milp_switch(

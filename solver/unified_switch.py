@@ -23,7 +23,7 @@ from solver.unified_model import (
     pool_loads,
     throughput_solution,
 )
-from solver.unified_search import Search, SolveOptions, milp_switch, value_bound
+from solver.unified_search import Search, SolveOptions, dual_bound, milp_switch, value_bound
 
 
 def worker_groups(problem: UnifiedProblem, pools: list[str], pidx: dict[str, int]) -> WorkerGroups:
@@ -180,8 +180,9 @@ def keep_current(
     plan is worth at most that bound, so the switch pass would accept these counts too (they move
     no worker); the two differ only in the thresholds, each within the tolerance. The bound is first
     the value of every request on its best path (no LP: capacity to spare is the common case), then
-    the value MILP's LP relaxation (:func:`solver.unified_search.value_bound`), the tighter; the
-    first bound is never below the second, so taking it first keeps the same plans. None when the
+    the least of a grid of the work's Lagrangian bounds (:func:`solver.unified_search.dual_bound`,
+    no LP either), then the value MILP's LP relaxation (:func:`solver.unified_search.value_bound`),
+    the tightest; each bound is never below the next, so taking them in turn keeps the same plans. None when the
     test fails (the value MILP and the switch pass run as usual)."""
     cur = current_counts(problem, m)
     ks = current_ks(problem, m) if int(cur.sum()) == m.W else None
@@ -197,7 +198,7 @@ def keep_current(
         return value >= bound - max(opts.switch_tolerance * abs(bound), 1e-7 * abs(bound) + 1e-9)
 
     every_best = float(m.d @ np.maximum(m.val.reshape(len(m.Z), -1).max(axis=1, initial=0.0), 0.0))
-    if not within(every_best):
+    if not within(every_best) and not within(dual_bound(m)):
         bound = value_bound(m)
         if bound is None or not within(bound):
             return None

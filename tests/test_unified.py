@@ -685,6 +685,27 @@ def test_a_kept_plan_is_within_the_tolerance_of_the_best(p):
             assert dict(again.thresholds) == dict(first.thresholds)
 
 
+@settings(max_examples=max(1, EXAMPLES * 2 // 3), **SETTINGS)
+@given(problems())
+def test_the_dual_bound_is_never_below_the_lp_relaxation(p):
+    """The running plan's first two bounds (every request on its best path, the work's Lagrangian
+    bound) never fall below the value MILP's LP relaxation: a plan they keep, the LP keeps too."""
+    from solver import unified
+    from solver.unified_search import dual_bound, value_bound
+
+    seen = []
+    real = unified._model
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(unified, "_model", lambda *a: seen.append(real(*a)) or seen[-1])
+        plan_unified(p)
+    for m, _members in seen:
+        lp = value_bound(m)
+        if lp is not None:
+            every_best = float(m.d @ np.maximum(m.val.reshape(len(m.Z), -1).max(axis=1, initial=0.0), 0.0))
+            assert dual_bound(m) >= lp - 1e-7 * max(1.0, abs(lp))
+            assert every_best >= dual_bound(m) - 1e-9 * max(1.0, abs(lp))
+
+
 def _running_unified_a100(demand: float, then: float, **kw):
     """unified-a100 on 8 workers planned cold for ``demand``, then the problem of ``then`` QPM with
     that plan running (its models and thresholds)."""
@@ -711,8 +732,9 @@ def test_the_running_plan_is_kept_without_a_value_milp(monkeypatch):
     solves, bounds = [], []
     real = unified.solve_value
     monkeypatch.setattr(unified, "solve_value", lambda *a: solves.append(1) or real(*a))
-    real_bound = unified_switch.value_bound
-    monkeypatch.setattr(unified_switch, "value_bound", lambda m: bounds.append(1) or real_bound(m))
+    real_bound, real_dual = unified_switch.value_bound, unified_switch.dual_bound
+    monkeypatch.setattr(unified_switch, "value_bound", lambda m: bounds.append("lp") or real_bound(m))
+    monkeypatch.setattr(unified_switch, "dual_bound", lambda m: bounds.append("dual") or real_dual(m))
     kept = plan_unified(problem, formulation="milp", switch_tolerance=0.02)
     # capacity to spare: every request on its best path bounds the value, no LP relaxation needed
     assert not solves and not bounds and kept.backend == "kept"
@@ -721,12 +743,12 @@ def test_the_running_plan_is_kept_without_a_value_milp(monkeypatch):
     fresh = plan_unified(dataclasses.replace(problem, current={}, resident={}), formulation="milp")
     assert kept.objective >= fresh.objective * (1 - 0.02)
 
-    # capacity short: the running plan is kept on the LP relaxation's bound
+    # capacity short: the running plan is kept on a bound of the LP relaxation, found without an LP
     first_busy, _ = _running_unified_a100(600.0, 630.0)
     _, busy_running = _running_unified_a100(600.0, 630.0, current_thresholds=dict(first_busy.thresholds))
     solves.clear()
     on_bound = plan_unified(busy_running, formulation="milp", switch_tolerance=0.02)
-    assert bounds and on_bound.backend == "kept" and not solves
+    assert bounds == ["dual"] and on_bound.backend == "kept" and not solves
 
     no_thresholds = plan_unified(dataclasses.replace(problem, current_thresholds={}), formulation="milp")
     assert solves and no_thresholds.backend != "kept"
