@@ -87,6 +87,34 @@ def test_plan_is_feasible(p):
     check_feasible(p, plan_unified(p))
 
 
+def test_no_flow_rides_on_a_pool_left_without_workers():
+    """A saturated plan on one worker (three tiers, demand 25 QPM): the LP once left 8.5e-7 QPM on a
+    path of a pool with no worker (4e-6 worker-seconds a minute, within its tolerance). Such slivers
+    are dropped: every pool that carries load has workers."""
+    paths = tuple(
+        ServingPath(pid, strategy, Stage(pid, pool, lat, lat, (1.0, 1.0)))
+        for pid, strategy, pool, lat in (
+            ("p0", Strategy.AC, "m0", 4.0),
+            ("p1", Strategy.SM, "m1", 5.0),
+            ("p2", Strategy.SM, "m0", 3.0),
+            ("p3", Strategy.AC, "m0", 3.0),
+        )
+    )
+    p = UnifiedProblem(
+        classes=("k0", "k1"),
+        affinity=(0.0, 0.0),
+        paths=paths,
+        pools=tuple(Pool(m, m, 0.0, ()) for m in ("m0", "m1", "m2")),
+        workers=("w0",),
+        demand_qpm=25.0,
+        tiers=(TierSpec("t0", 1.0, 1.0, 1.0, 1.5), TierSpec("t1", 1.0, 1.0), TierSpec("t2", 1.0, 1.0)),
+    )
+    for formulation in FORMULATIONS:
+        r = plan_unified(p, formulation=formulation)
+        check_feasible(p, r)
+        assert all(load == 0.0 for pool, load in r.loads.items() if r.counts[pool] == 0)
+
+
 @settings(max_examples=EXAMPLES, **SETTINGS)
 @given(problems())
 def test_exact_search_matches_the_milp(p):
