@@ -409,8 +409,9 @@ def build(
     """The model's matrices. Columns: n (M), then x for the (z, position) pairs of ``mask`` (all
     by default). ``mode="value"``: maximise Σ v·x (with ``binaries``, one binary per cascade
     threshold: the MILP). ``mode="bound"``: maximise Σ v·x without the tie-breaks (solved as an LP,
-    an upper bound of every plan's value). ``mode="switch"``: maximise minus the switch cost of moving worker groups
-    (``cost``: groups x pools, ``sizes``) subject to Σ v·x >= ``threshold`` and every worker placed."""
+    an upper bound of every plan's value). ``mode="switch"``: maximise minus the switch cost of
+    moving worker groups (``cost``: groups x pools, ``sizes``) subject to Σ v·x >= ``threshold`` and
+    every worker placed."""
     Z, M = len(m.Z), len(m.pools)
     off, gk_g, gk_k, Kt = positions(m)
     U, Vx, xc = xdata(m, gk_g, gk_k)

@@ -435,6 +435,25 @@ def milp_value(m: Model, backend: str, time_limit_s: float) -> tuple[Solution | 
     return extract(m, lay, x, ks, float(res.objective)), res.backend, res.status
 
 
+def best_path_bound(m: Model) -> float:
+    """An upper bound of every plan's value of ``m`` with no capacity at all: every request on its
+    best path (:func:`dual_bound` at a price of 0 for work)."""
+    return float(m.d @ np.maximum(m.val.reshape(len(m.Z), -1).max(axis=1, initial=0.0), 0.0))
+
+
+def tolerance_floor(value: float, tolerance: float) -> float:
+    """The least value within ``tolerance`` (relative) of ``value``, with room for the LP's
+    rounding: the switch pass's threshold and the running plan's test."""
+    return value - max(tolerance * abs(value), 1e-7 * abs(value) + 1e-9)
+
+
+def plan_value(m: Model, flows: np.ndarray, ks: Sequence[int]) -> float:
+    """Σ v·x of ``flows`` at the variants ``ks``, in the order of a sum over z, then g (the products
+    at once, added in that order)."""
+    terms = m.val[:, np.arange(len(m.groups)), np.asarray(ks, dtype=np.int64)] * flows
+    return float(sum(terms.ravel().tolist()))
+
+
 def value_bound(m: Model) -> float | None:
     """An upper bound of the value (Σ v·x, no tie-breaks) of every plan of ``m``: the value MILP's
     LP relaxation (worker counts continuous, and traffic free to mix a cascade's thresholds, which
@@ -449,8 +468,8 @@ def dual_bound(m: Model, points: int = 33) -> float:
     with worker counts continuous the pools' rows and the workers' row add up to one (the work of
     every flow <= 60 s x W), and for any price λ >= 0 of that work, Σ_z d_z max(0, max_j v_zj - λ
     u_zj) + λ 60 W bounds the value (weak duality of that one row; in overload, where a class may
-    be served in part, each class's term is at least 0). Minimised over a grid of prices, then a finer grid
-    around the best one; λ = 0 is every request on its best path."""
+    be served in part, each class's term is at least 0). Minimised over a grid of prices, then a
+    finer grid around the best one; λ = 0 is every request on its best path."""
     Zn = len(m.Z)
     work = m.use.sum(axis=2).reshape(Zn, -1)
     ok = np.isfinite(work)

@@ -23,7 +23,16 @@ from solver.unified_model import (
     pool_loads,
     throughput_solution,
 )
-from solver.unified_search import Search, SolveOptions, dual_bound, milp_switch, value_bound
+from solver.unified_search import (
+    Search,
+    SolveOptions,
+    best_path_bound,
+    dual_bound,
+    milp_switch,
+    plan_value,
+    tolerance_floor,
+    value_bound,
+)
 
 
 def worker_groups(problem: UnifiedProblem, pools: list[str], pidx: dict[str, int]) -> WorkerGroups:
@@ -179,11 +188,12 @@ def keep_current(
     value is within ``switch_tolerance`` of an upper bound of every plan's value. The value MILP's
     plan is worth at most that bound, so the switch pass would accept these counts too (they move
     no worker); the two differ only in the thresholds, each within the tolerance. The bound is first
-    the value of every request on its best path (no LP: capacity to spare is the common case), then
+    the value of every request on its best path (:func:`solver.unified_search.best_path_bound`, no
+    LP: capacity to spare is the common case), then
     the least of a grid of the work's Lagrangian bounds (:func:`solver.unified_search.dual_bound`,
     no LP either), then the value MILP's LP relaxation (:func:`solver.unified_search.value_bound`),
-    the tightest; each bound is never below the next, so taking them in turn keeps the same plans. None when the
-    test fails (the value MILP and the switch pass run as usual)."""
+    the tightest; each bound is never below the next, so taking them in turn keeps the same plans.
+    None when the test fails (the value MILP and the switch pass run as usual)."""
     cur = current_counts(problem, m)
     ks = current_ks(problem, m) if int(cur.sum()) == m.W else None
     if ks is None:
@@ -192,13 +202,12 @@ def keep_current(
     got = Search(m, mode="switch", fixed=ks, cost=wg.cost, sizes=wg.sizes, threshold=-math.inf).evaluate(cur, ks)
     if got is None or got.t is None:
         return None
-    value = float((m.val[:, np.arange(len(m.groups)), np.asarray(ks, dtype=np.int64)] * got.x).sum())
+    value = plan_value(m, got.x, ks)
 
     def within(bound: float) -> bool:
-        return value >= bound - max(opts.switch_tolerance * abs(bound), 1e-7 * abs(bound) + 1e-9)
+        return value >= tolerance_floor(bound, opts.switch_tolerance)
 
-    every_best = float(m.d @ np.maximum(m.val.reshape(len(m.Z), -1).max(axis=1, initial=0.0), 0.0))
-    if not within(every_best) and not within(dual_bound(m)):
+    if not within(best_path_bound(m)) and not within(dual_bound(m)):
         bound = value_bound(m)
         if bound is None or not within(bound):
             return None
@@ -216,11 +225,9 @@ def switch_pass(
     ks, flows = first.k, first.x
     loads = pool_loads(m, flows, ks)
     n = need(loads)
-    # Σ v·x in the order of a sum over z, then g (the products at once, added in that order)
-    terms = m.val[:, np.arange(len(m.groups)), np.asarray(ks, dtype=np.int64)] * flows
-    value = float(sum(terms.ravel().tolist()))
+    value = plan_value(m, flows, ks)
     cur_counts = current_counts(problem, m)
-    thr = value - max(opts.switch_tolerance * abs(value), 1e-7 * abs(value) + 1e-9)
+    thr = tolerance_floor(value, opts.switch_tolerance)
     start = keep_in_place(n, cur_counts, loads, m.W, best_pool(m))
     nodes = 0
     switch = dict(mode="switch", fixed=ks, cost=wg.cost, sizes=wg.sizes, threshold=thr)

@@ -96,8 +96,6 @@ def stream_run(api: Api, sub: Submission, spec: s.GenerationSpec) -> Callable[[E
         except Exception:
             return None
 
-    error = _error
-
     async def run(emit: Emit, gone: asyncio.Event) -> int:
         deadline = time.monotonic() + api.config.request_timeout_s
         ping_s = api.config.sse_ping_s
@@ -118,7 +116,7 @@ def stream_run(api: Api, sub: Submission, spec: s.GenerationSpec) -> Callable[[E
                         await EventStream.ping(emit)
                         continue
                     dispatch.detach([rid])
-                    return await error(emit, timed_out(api, sub.id))
+                    return await _error(emit, timed_out(api, sub.id))
                 kind, payload = nxt.result()
                 nxt = None
                 if kind == "event" and payload.get("type") == "progress":
@@ -139,7 +137,7 @@ def stream_run(api: Api, sub: Submission, spec: s.GenerationSpec) -> Callable[[E
                 elif kind == "result":
                     return await _completed(api, sub, spec, payload, emit, common())
                 elif kind == "error":
-                    return await error(emit, lost(api, sub.id, payload))
+                    return await _error(emit, lost(api, sub.id, payload))
         except ClientGone:
             await cancel(api, sub)
             return CLIENT_CLOSED
